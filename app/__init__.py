@@ -1,0 +1,1 @@
+"""OpenAI-compatible LLM serving: vLLM engines hosted in Ray Serve replicas."""

@@ -1,0 +1,137 @@
+"""Wires the configuration into a Ray Serve application: `build_app(args)`.
+
+One engine deployment per model (each replica an `EngineHost` owning one
+engine) and one ingress deployment (the FastAPI app) holding a handle to each.
+A Serve config file points `import_path` at `app.builder:build_app`; the CLI
+calls the same function.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, AsyncIterator
+
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
+from app.errors import QueueFull, ServiceError, ServiceUnavailable
+from app.ingress import create_app
+from app.protocol import GenerateRequest, PromptInput
+from app.server import EngineHost
+
+INGRESS_NAME = "ingress"
+# Serve's own per-replica cap sits above ours, so overflow reaches EngineHost and is refused fast and honestly.
+_SERVE_SLACK = 8
+_UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
+
+
+def engine_deployment_name(model_id: str) -> str:
+    return "engine-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
+
+
+def _translate(err: BaseException) -> BaseException:
+    """Ray wraps what a replica raised; give the ingress the service's own error back."""
+    if isinstance(err, RayTaskError) and isinstance(err.cause, ServiceError):
+        return err.cause
+    if isinstance(err, ServiceError):
+        return err
+    if isinstance(err, BackPressureError):
+        return QueueFull("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
+    if isinstance(err, _UNAVAILABLE):
+        return ServiceUnavailable("No engine replica is available for this model right now; retry shortly", retry_after_s=5)
+    return err
+
+
+class HandleBackend:
+    """`EngineHost`'s interface, reached through a Ray Serve handle."""
+
+    def __init__(self, handle: DeploymentHandle):
+        self._handle = handle
+        self._stream = handle.options(stream=True)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Any]:
+        response = self._stream.generate.remote(request)
+        try:
+            async for item in response:
+                yield item
+        except Exception as err:
+            raise _translate(err) from None
+        finally:
+            response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._handle, method).remote(*args)
+        except Exception as err:
+            raise _translate(err) from None
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        return await self._call("tokenize", prompt)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await self._call("detokenize", token_ids)
+
+    async def check_health(self) -> None:
+        await self._call("check_health")
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._call("stats")
+
+
+@serve.ingress()
+class Ingress:
+    def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle]):
+        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=False)
+
+    def __serve_build_asgi_app__(self):
+        return self._api
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""
+        return await self._api.state.lifecycle.drain(grace_s)
+
+
+def _engine_deployment(model: ModelConfig, config: AppConfig):
+    dep = model.deployment
+    return serve.deployment(EngineHost).options(
+        name=engine_deployment_name(model.id),
+        num_replicas=dep.num_replicas,
+        ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},
+        max_ongoing_requests=dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK,
+        max_queued_requests=dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK,
+        health_check_period_s=dep.health_check_period_s,
+        health_check_timeout_s=dep.health_check_timeout_s,
+        graceful_shutdown_timeout_s=config.service.drain_grace_s,
+    )
+
+
+def build_from_config(config: AppConfig) -> serve.Application:
+    engines = {m.id: _engine_deployment(m, config).bind(m, config.service) for m in config.models}
+    ingress = serve.deployment(Ingress).options(
+        name=INGRESS_NAME,
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=10_000,  # the ingress only awaits; the engines bound the work
+        graceful_shutdown_timeout_s=config.service.drain_grace_s,
+    )
+    return ingress.bind(config, engines)
+
+
+def config_from_args(args: dict[str, Any]) -> AppConfig:
+    """`args` from a Serve config: either `config_path: <yaml file>` or `config: {inline config}`."""
+    args = dict(args or {})
+    unknown = set(args) - {"config_path", "config"}
+    if unknown:
+        raise ConfigError(f"build_app args has unknown keys {sorted(unknown)}; pass 'config_path' or 'config'")
+    if ("config_path" in args) == ("config" in args):
+        raise ConfigError("build_app args needs exactly one of 'config_path' (a YAML file) or 'config' (the config inline)")
+    if "config_path" in args:
+        return load_config(args["config_path"])
+    return parse_config(args["config"], origin="build_app args 'config'")
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    return build_from_config(config_from_args(args))

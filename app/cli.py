@@ -1,0 +1,169 @@
+"""Command line: `python -m app serve | prepare-model | check-config`.
+
+`serve` owns the whole local lifecycle, written out in order: prepare the model,
+start a private Ray on loopback, deploy, wait until healthy, serve until SIGINT
+or SIGTERM, drain, stop Serve and Ray, and finally kill anything the service
+started that is still alive (vLLM's EngineCore was seen outliving `ray stop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu.yaml"
+APP_NAME = "llm"
+log = logging.getLogger("app.cli")
+
+
+def _say(message: str) -> None:
+    print(f"[app] {message}", file=sys.stderr, flush=True)
+
+
+def _become_subreaper() -> None:
+    """Orphans of our descendants (an EngineCore whose parent died) re-parent to us, so we can reap them."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except OSError:
+        pass
+
+
+def _kill_descendants(grace_s: float = 5.0) -> int:
+    import psutil
+
+    me = psutil.Process()
+    procs = me.children(recursive=True)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(procs)
+
+
+def _wait_healthy(host: str, port: int, timeout_s: float, stop: threading.Event) -> bool:
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return True
+        except Exception:
+            pass
+        stop.wait(1.0)
+    return False
+
+
+def serve_command(config_path: Path, startup_timeout_s: float) -> int:
+    config = load_config(config_path)
+    logging.basicConfig(level=config.service.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if any(m.source == DEFAULT_MODEL_SOURCE and m.engine_kind == "vllm" for m in config.models):
+        from app.model_store import prepare_default_model
+
+        prepare_default_model()
+
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum, _frame):
+        received.append(signum)
+        stop.set()
+
+    # Installed explicitly: a process started in the background may inherit SIGINT as ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+    _become_subreaper()
+    started = time.monotonic()
+    import ray
+    from ray import serve
+
+    from app.builder import INGRESS_NAME, build_from_config
+
+    own_ray = not os.environ.get("RAY_ADDRESS")
+    try:
+        if own_ray:
+            # A private, loopback-only Ray: no dashboard, nothing listening beyond 127.0.0.1.
+            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                     num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+        else:
+            ray.init(logging_level=logging.WARNING)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init may have installed its own
+            signal.signal(sig, on_signal)
+        serve.start(http_options={"host": config.service.host, "port": config.service.port})
+        try:
+            serve.run(build_from_config(config), name=APP_NAME, route_prefix="/", blocking=False)
+        except RuntimeError as err:
+            _say(f"deployment failed; the replica logs above say why. {err}")
+            return 1
+        if not _wait_healthy(config.service.host, config.service.port, startup_timeout_s, stop):
+            if not stop.is_set():
+                _say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
+                return 1
+        else:
+            _say(f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:{config.service.port}/v1 "
+                 f"(ready in {time.monotonic() - started:.0f} s); Ctrl-C to stop")
+            stop.wait()
+        _say(f"stopping (signal {received[0] if received else '-'}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
+        try:
+            left = serve.get_deployment_handle(INGRESS_NAME, APP_NAME).drain.remote(config.service.drain_grace_s).result(
+                timeout_s=config.service.drain_grace_s + 10)
+            if left:
+                _say(f"{left} request(s) still in flight after the grace period; stopping them")
+        except Exception as err:  # draining is best effort; shutting down is not
+            _say(f"drain skipped: {err}")
+        serve.shutdown()
+        return 0
+    finally:
+        if own_ray:
+            try:
+                ray.shutdown()
+            finally:
+                n = _kill_descendants()
+                _say(f"stopped; {n} leftover process(es) reaped" if n else "stopped; no process left behind")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="start the service in the foreground (Ctrl-C drains and stops it)")
+    p_serve.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    p_serve.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the service to become healthy")
+    p_prep = sub.add_parser("prepare-model", help="download and convert the default model (offline-capable, cached)")
+    p_prep.add_argument("--force", action="store_true", help="prepare again even if cached")
+    p_check = sub.add_parser("check-config", help="validate a config file without starting anything")
+    p_check.add_argument("config", type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "serve":
+            return serve_command(args.config, args.startup_timeout)
+        if args.command == "prepare-model":
+            from app.model_store import prepare_default_model
+
+            print(prepare_default_model(force=args.force))
+            return 0
+        config: AppConfig = load_config(args.config)
+        print(f"{args.config}: valid ({len(config.models)} model(s): {', '.join(m.id for m in config.models)})")
+        return 0
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,173 @@
+"""The service's configuration: pydantic models for the YAML file.
+
+Every model forbids unknown keys, so a typo is an error at load time that names
+the key, never a setting silently ignored. `load_config` turns pydantic's
+errors into one message an operator can act on.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_MODEL_SOURCE = "default"
+API_KEYS_ENV = "APP_API_KEYS"
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says what to change."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """Arguments for the vLLM engine of one model replica."""
+
+    max_model_len: int = Field(2048, ge=16, description="Context window in tokens (prompt + completion).")
+    max_num_seqs: int = Field(32, ge=1, description="Most sequences the engine schedules in one step.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weight and activation dtype.")
+    enforce_eager: bool = Field(True, description="Skip torch.compile/CUDA graphs. Keep true on CPU: the compiled CPU path was seen producing wrong text.")
+    kv_cache_gib: int | None = Field(2, ge=1, description="CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica shards the model over.")
+    seed: int = Field(0, description="Engine-wide random seed.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model folder. Only for models you trust.")
+
+
+class DeploymentConfig(_Strict):
+    """How Ray Serve places and bounds the replicas of one model."""
+
+    num_replicas: int = Field(1, ge=1, description="Engine replicas (each owns its own accelerator).")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves per replica.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves per replica; 0 runs on the CPU.")
+    max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica runs in the engine at once.")
+    max_queued_requests: int = Field(32, ge=0, description="Requests one replica holds waiting for a slot; beyond this it refuses at once.")
+    queue_timeout_s: float = Field(30.0, gt=0, description="A request waiting longer than this for a slot is refused with 503.")
+    token_budget: int | None = Field(None, ge=1, description="Most prompt+max_tokens admitted at once per replica; default: the KV cache's size as the engine reports it.")
+    health_check_period_s: float = Field(5.0, gt=0, description="How often Ray Serve checks that the engine is alive.")
+    health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")
+
+
+class LimitsConfig(_Strict):
+    """The per-request contract; everything beyond it is a 400 naming the parameter."""
+
+    max_prompt_tokens: int | None = Field(None, ge=1, description="Largest prompt in tokens; default: max_model_len - 1.")
+    max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
+    default_max_tokens: int = Field(256, ge=1, description="max_tokens for a request that does not say.")
+    max_n: int = Field(8, ge=1, description="Largest n (choices per request).")
+    max_stop_sequences: int = Field(8, ge=0, description="Most stop sequences per request.")
+    max_stop_sequence_chars: int = Field(256, ge=1, description="Longest single stop sequence.")
+    max_logprobs: int = Field(5, ge=0, description="Largest logprobs / top_logprobs.")
+    max_messages: int = Field(512, ge=1, description="Most chat messages per request.")
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> "LimitsConfig":
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"default_max_tokens ({self.default_max_tokens}) is above max_tokens ({self.max_tokens}); lower it or raise max_tokens"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    """One served model: what clients call it, where it comes from, how it runs."""
+
+    id: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", description="Name clients send as `model`.")
+    source: str = Field(DEFAULT_MODEL_SOURCE, description="'default' (SmolLM2-135M-Instruct, prepared offline), a local model folder, or a Hugging Face hub id.")
+    engine_kind: Literal["vllm", "fake"] = Field("vllm", description="'fake' serves a deterministic test engine without loading a model.")
+    engine: EngineConfig = EngineConfig()
+    deployment: DeploymentConfig = DeploymentConfig()
+    limits: LimitsConfig = LimitsConfig()
+
+    @model_validator(mode="after")
+    def _limits_fit_context(self) -> "ModelConfig":
+        n_ctx = self.engine.max_model_len
+        if self.limits.default_max_tokens >= n_ctx:
+            raise ValueError(
+                f"limits.default_max_tokens ({self.limits.default_max_tokens}) must be below engine.max_model_len ({n_ctx})"
+            )
+        if self.limits.max_prompt_tokens is not None and self.limits.max_prompt_tokens >= n_ctx:
+            raise ValueError(
+                f"limits.max_prompt_tokens ({self.limits.max_prompt_tokens}) must be below engine.max_model_len ({n_ctx})"
+            )
+        if self.deployment.num_gpus == 0 and self.engine.tensor_parallel_size > 1:
+            raise ValueError("engine.tensor_parallel_size > 1 needs deployment.num_gpus >= tensor_parallel_size")
+        return self
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.limits.max_prompt_tokens or self.engine.max_model_len - 1
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.deployment.num_gpus > 0
+
+
+class ServiceConfig(_Strict):
+    """The HTTP front door and what it shares across models."""
+
+    host: str = Field("127.0.0.1", description="Address the HTTP server binds. 0.0.0.0 exposes it to the network.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    api_keys: tuple[str, ...] = Field((), description=f"Accepted bearer keys; more can come from ${API_KEYS_ENV} (comma-separated). Empty: no auth.")
+    refusal_status: Literal[429, 503] = Field(429, description="Status for 'queue full' refusals.")
+    request_timeout_s: float = Field(600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream).")
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body; larger is a 413.")
+    drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the service's own loggers.")
+
+
+class AppConfig(_Strict):
+    """The whole file: service options and one or more models."""
+
+    service: ServiceConfig = ServiceConfig()
+    models: tuple[ModelConfig, ...] = Field(..., min_length=1, description="Served models; the first is listed first.")
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "AppConfig":
+        ids = [m.id for m in self.models]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"model ids must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def model(self, model_id: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.id == model_id), None)
+
+    def api_keys(self) -> frozenset[str]:
+        from_env = [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
+        return frozenset((*self.service.api_keys, *from_env))
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key; remove it or check its spelling (see docs/configuration.md)")
+        else:
+            lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, origin: str = "config") -> AppConfig:
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{origin} is invalid:\n{_describe(err)}") from None
+
+
+def load_config(path: str | Path) -> AppConfig:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; see configs/ for examples") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    return parse_config(data, origin=str(path))

@@ -1,0 +1,116 @@
+"""Typed service errors and their OpenAI wire shape.
+
+Errors are raised, never returned. Each class fixes its HTTP status and OpenAI
+`type`; the instance carries the message and the offending parameter. They cross
+the Ray handle intact (pickled by their args), so the ingress turns an error
+raised in an engine replica into the same response as one raised locally.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message, param, retry_after_s)
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+
+class InvalidRequest(ServiceError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class UnsupportedParameter(InvalidRequest):
+    code = "unsupported_parameter"
+
+
+class Unauthorized(ServiceError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFound(ServiceError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NotFound(ServiceError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class QueueFull(ServiceError):
+    """Refused at once: the replica's queue is full. Status is 429 unless configured to 503."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+
+class QueueFullUnavailable(QueueFull):
+    status = 503
+    type = "service_unavailable"
+
+
+class QueueTimeout(ServiceError):
+    status = 503
+    type = "service_unavailable"
+    code = "queue_timeout"
+
+
+class ServiceUnavailable(ServiceError):
+    """No engine can serve now: it died, is starting, or the service is draining."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "engine_unavailable"
+
+
+class RequestTimeout(ServiceError):
+    status = 504
+    type = "timeout_error"
+    code = "request_timeout"
+
+
+class InternalError(ServiceError):
+    status = 500
+    type = "internal_error"
+    code = "internal_error"

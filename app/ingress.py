@@ -1,0 +1,315 @@
+"""The HTTP front door: a FastAPI app speaking the OpenAI API. No vLLM here.
+
+Routes stay thin: parse (protocol models), pick the model's backend, await the
+first item of its stream so that validation, admission and queue errors get a
+real status code, then either stream SSE or return one JSON body. A backend is
+anything with `EngineHost`'s methods: the host itself in tests, a Ray Serve
+handle adapter (`builder.HandleBackend`) in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Mapping, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app import sse
+from app.config import AppConfig, ModelConfig
+from app.errors import (InternalError, InvalidRequest, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge,
+                        ServiceError, ServiceUnavailable, Unauthorized)
+from app.protocol import Admitted, ChatCompletionRequest, CompletionRequest, GenerateRequest, PromptInput
+from app.serving import ChatShape, CompletionShape, Responder
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/health", "/livez"})
+
+
+class Backend(Protocol):
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Any]: ...
+    async def tokenize(self, prompt: PromptInput) -> list[int]: ...
+    async def detokenize(self, token_ids: list[int]) -> str: ...
+    async def check_health(self) -> None: ...
+    async def stats(self) -> dict[str, Any]: ...
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    tokens: list[int] = Field(..., max_length=1_000_000)
+
+
+def _error_response(err: ServiceError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+class Lifecycle:
+    """Requests in flight, and whether the service is draining for shutdown."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def drain(self, grace_s: float) -> int:
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        except asyncio.TimeoutError:
+            pass
+        return self.inflight
+
+
+class Gate:
+    """Pure ASGI middleware in front of every route: request id, API key, body size.
+
+    Pure ASGI (not BaseHTTPMiddleware) so streams and client disconnects pass
+    through untouched and the token path pays for no extra task.
+    """
+
+    def __init__(self, app, keys: list[bytes], max_body_bytes: int, lifecycle: Lifecycle, echo_request_id: bool):
+        self.app = app
+        self.echo_request_id = echo_request_id
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", ()))
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        id_header = (b"x-request-id", request_id.encode("latin-1"))
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start" and self.echo_request_id:
+                message = {**message, "headers": [*message.get("headers", []), id_header]}
+            await send(message)
+
+        if self.keys and scope["path"] not in OPEN_PATHS and not _authorized(headers.get(b"authorization", b""), self.keys):
+            err: ServiceError = Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'")
+            return await _error_response(err)(scope, receive, send_with_id)
+        if self.lifecycle.draining and scope["path"] != "/livez":
+            err = ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
+            return await _error_response(err)(scope, receive, send_with_id)
+        too_large = PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request")
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await _error_response(too_large)(scope, receive, send_with_id)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise too_large
+            return message
+
+        self.lifecycle.enter()
+        try:
+            return await self.app(scope, limited_receive, send_with_id)
+        finally:
+            self.lifecycle.leave()
+
+
+def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_id: bool = True) -> FastAPI:
+    """The OpenAI API over `backends` (model id -> backend). Behind Ray Serve, pass
+    `echo_request_id=False`: Serve's proxy already returns X-Request-Id (the client's, or its own)."""
+    api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
+    models: dict[str, ModelConfig] = {m.id: m for m in config.models}
+    timeout_s = config.service.request_timeout_s
+
+    # -- errors: every one in the OpenAI shape --------------------------------
+
+    @api.exception_handler(ServiceError)
+    async def _service_error(_: Request, err: ServiceError):
+        return _error_response(err)
+
+    @api.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return _error_response(InvalidRequest("The request body is not valid JSON", param=None))
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "body"
+        return _error_response(InvalidRequest(f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param=param))
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException):
+        if err.status_code == 404:
+            return _error_response(NotFound(f"No route {request.method} {request.url.path}; see docs/api.md for the endpoints"))
+        if err.status_code == 405:
+            return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
+        return _error_response(ServiceError(str(err.detail)))
+
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception):
+        log.exception("unexpected error on %s", request.url.path)
+        return _error_response(InternalError("The server hit an unexpected error; it has been logged"))
+
+    def backend_for(model_id: str) -> tuple[ModelConfig, Backend]:
+        model = models.get(model_id)
+        if model is None:
+            raise ModelNotFound(f"The model '{model_id}' does not exist; GET /v1/models lists the served models", param="model")
+        return model, backends[model_id]
+
+    # -- model-facing routes ---------------------------------------------------
+
+    async def _generate(request: Request, body: ChatCompletionRequest | CompletionRequest, shape, prefix: str):
+        model, backend = backend_for(body.model)
+        prompt, params = body.to_prompt(model.limits), body.to_params(model.limits)
+        engine_request = GenerateRequest(
+            request_id=f"{prefix}-{uuid.uuid4().hex}",
+            prompt=prompt,
+            params=params,
+            deadline=time.time() + timeout_s,
+            want_prompt_text=isinstance(shape, CompletionShape) and shape.echo_text is not None,
+        )
+        stream = backend.generate(engine_request)
+        try:
+            admitted: Admitted = await anext(stream)  # validation and admission errors surface here, before the 200
+        except BaseException:
+            await stream.aclose()
+            raise
+        if isinstance(shape, CompletionShape) and admitted.prompt_text is not None:
+            shape.echo_text = admitted.prompt_text
+        responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage)
+        responder.admitted(admitted)
+        if body.stream:
+            return StreamingResponse(_events(responder, stream), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        try:
+            return JSONResponse(await responder.collect(stream))
+        finally:
+            await stream.aclose()
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        return await _generate(request, body, ChatShape(), "chatcmpl")
+
+    @api.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        shape = CompletionShape(echo_text=(body.prompt if isinstance(body.prompt, str) else "") if body.echo else None)
+        if body.echo and isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+            shape.echo_text = body.prompt[0]
+        return await _generate(request, body, shape, "cmpl")
+
+    @api.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [_model_card(m) for m in config.models]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        model, _ = backend_for(model_id)
+        return _model_card(model)
+
+    @api.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        model, backend = backend_for(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequest("Send exactly one of 'prompt' or 'messages'", param="prompt")
+        if body.messages is not None:
+            prompt = ChatCompletionRequest(model=body.model, messages=body.messages).to_prompt(model.limits)
+        else:
+            prompt = PromptInput(text=body.prompt)
+        tokens = await backend.tokenize(prompt)
+        return {"count": len(tokens), "max_model_len": model.engine.max_model_len, "tokens": tokens}
+
+    @api.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        _, backend = backend_for(body.model)
+        if any(t < 0 for t in body.tokens):
+            raise InvalidRequest("'tokens' must not be negative", param="tokens")
+        return {"prompt": await backend.detokenize(body.tokens)}
+
+    # -- operations --------------------------------------------------------------
+
+    @api.get("/livez")
+    async def livez():
+        return {"status": "alive"}
+
+    @api.get("/health")
+    async def health():
+        results = await asyncio.gather(*(_healthy(b) for b in backends.values()))
+        per_model = dict(zip(backends.keys(), results))
+        ok = all(per_model.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": per_model}, status_code=200 if ok else 503)
+
+    @api.get("/stats")
+    async def stats():
+        return {model_id: await b.stats() for model_id, b in backends.items()}
+
+    api.state.lifecycle = Lifecycle()
+    api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()], max_body_bytes=config.service.max_body_bytes,
+                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id)
+    return api
+
+
+def _authorized(header: bytes, keys: list[bytes]) -> bool:
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() != b"bearer" or not token:
+        return False
+    presented = token.strip()
+    matched = False
+    for key in keys:  # compare against every key so timing says nothing about which matched
+        matched |= hmac.compare_digest(presented, key)
+    return matched
+
+
+async def _healthy(backend: Backend) -> bool:
+    try:
+        await asyncio.wait_for(backend.check_health(), timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+def _model_card(model: ModelConfig) -> dict[str, Any]:
+    return {"id": model.id, "object": "model", "created": 0, "owned_by": "app",
+            "max_model_len": model.engine.max_model_len}
+
+
+async def _events(responder: Responder, stream: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    """The SSE body of a stream. Closing the stream (client gone) aborts the engine request."""
+    try:
+        async for delta in stream:
+            yield sse.event(responder.chunk(delta))
+        if responder.include_usage:
+            yield sse.event(responder.usage_chunk())
+    except ServiceError as err:
+        yield sse.error_event(err.body())
+    except Exception:
+        log.exception("stream %s failed", responder.request_id)
+        yield sse.error_event(InternalError("The stream failed on the server; it has been logged").body())
+    finally:
+        await stream.aclose()
+    yield sse.DONE

@@ -1,0 +1,224 @@
+"""OpenAI wire models for requests, and their conversion into neutral engine inputs.
+
+A request model validates its own fields (types, ranges) and then converts itself
+against the model's `LimitsConfig` into a `PromptInput` and `GenerationParams`,
+raising `InvalidRequest` that names the parameter. Parameters the service does
+not implement are refused by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.config import LimitsConfig
+from app.engine import GenerationParams
+from app.errors import InvalidRequest, UnsupportedParameter
+
+# Accepted for compatibility and deliberately without effect (documented in docs/api.md).
+IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
+# Known OpenAI parameters this service does not implement: a 400 that says so.
+UNSUPPORTED_PARAMETERS = (
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "logit_bias",
+    "audio", "modalities", "prediction", "reasoning_effort", "web_search_options", "best_of", "suffix",
+)
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """Exactly one of: chat messages (templated by the engine host), text, or token ids."""
+
+    messages: tuple[dict[str, str], ...] | None = None
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the ingress sends an engine replica: the neutral form of one API request."""
+
+    request_id: str
+    prompt: PromptInput
+    params: GenerationParams
+    deadline: float  # wall-clock (time.time()) moment the whole request must end by
+    want_prompt_text: bool = False  # completions with echo of a token-id prompt
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """First item of every engine stream: the request passed validation and admission."""
+
+    prompt_tokens: int
+    prompt_text: str | None = None
+
+
+class _Request(BaseModel):
+    # Unknown fields are collected, then refused by name in `_refuse_unknown`.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(..., min_length=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    stream: bool = False
+    stream_options: "StreamOptions | None" = None
+    ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
+
+    @model_validator(mode="after")
+    def _refuse_unknown(self) -> "_Request":
+        for name, value in (self.model_extra or {}).items():
+            if name in IGNORED_PARAMETERS:
+                continue
+            if name in UNSUPPORTED_PARAMETERS:
+                if value in (None, [], {}, False) or (name == "tool_choice" and value == "none") or (name == "best_of" and value == 1):
+                    continue
+                raise UnsupportedParameter(f"'{name}' is not supported by this service; remove it from the request (see docs/api.md)", param=name)
+            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
+        return self
+
+    def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > limits.max_stop_sequences:
+            raise InvalidRequest(f"'stop' has {len(stops)} sequences; at most {limits.max_stop_sequences} are allowed", param="stop")
+        for s in stops:
+            if not s:
+                raise InvalidRequest("'stop' sequences must not be empty", param="stop")
+            if len(s) > limits.max_stop_sequence_chars:
+                raise InvalidRequest(f"a 'stop' sequence is {len(s)} characters; at most {limits.max_stop_sequence_chars} are allowed", param="stop")
+        return tuple(stops)
+
+    def _params(self, limits: LimitsConfig, max_tokens: int | None, max_tokens_name: str, logprobs: int | None, logprobs_name: str, **extra: Any) -> GenerationParams:
+        is_default = max_tokens is None
+        if max_tokens is None:
+            max_tokens = limits.default_max_tokens
+        elif max_tokens > limits.max_tokens:
+            raise InvalidRequest(f"'{max_tokens_name}' is {max_tokens}; this model allows at most {limits.max_tokens}", param=max_tokens_name)
+        if self.n > limits.max_n:
+            raise InvalidRequest(f"'n' is {self.n}; this model allows at most {limits.max_n}", param="n")
+        if self.n > 1 and self.temperature == 0:
+            raise InvalidRequest("'n' > 1 needs sampling; with temperature 0 every choice would be the same. Raise 'temperature' or set n to 1", param="n")
+        if logprobs is not None and logprobs > limits.max_logprobs:
+            raise InvalidRequest(f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name)
+        return GenerationParams(
+            max_tokens=max_tokens,
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=self._stop_sequences(limits),
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+            max_tokens_is_default=is_default,
+            **extra,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: ResponseFormat | None = None
+
+    def to_prompt(self, limits: LimitsConfig) -> PromptInput:
+        if len(self.messages) > limits.max_messages:
+            raise InvalidRequest(f"'messages' has {len(self.messages)} entries; at most {limits.max_messages} are allowed", param="messages")
+        return PromptInput(messages=tuple({"role": m.role, "content": m.text()} for m in self.messages))
+
+    def to_params(self, limits: LimitsConfig) -> GenerationParams:
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise InvalidRequest("'max_tokens' and 'max_completion_tokens' disagree; send one of them", param="max_completion_tokens")
+        name, max_tokens = ("max_completion_tokens", self.max_completion_tokens) if self.max_completion_tokens is not None else ("max_tokens", self.max_tokens)
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+        fmt = self.response_format
+        return self._params(
+            limits, max_tokens, name,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            logprobs_name="top_logprobs",
+            json_object=bool(fmt and fmt.type == "json_object"),
+            json_schema=(fmt.json_schema.schema_ or {}) if fmt and fmt.type == "json_schema" and fmt.json_schema else None,
+        )
+
+
+class CompletionRequest(_Request):
+    prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+
+    def to_prompt(self, limits: LimitsConfig) -> PromptInput:
+        p = self.prompt
+        if isinstance(p, str):
+            return PromptInput(text=p)
+        if all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise UnsupportedParameter("batched prompts are not supported; send one prompt per request", param="prompt")
+            return PromptInput(text=p[0])
+        if any(t < 0 for t in p):
+            raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
+        return PromptInput(token_ids=tuple(p))
+
+    def to_params(self, limits: LimitsConfig) -> GenerationParams:
+        return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+
+
+_Request.model_rebuild()
+ChatCompletionRequest.model_rebuild()
+CompletionRequest.model_rebuild()

@@ -1,0 +1,179 @@
+"""EngineHost: what one engine replica does with a request.
+
+It owns an `Engine` and the replica's `Admission`, and for each request: refuses
+at once if the queue is full (before any work), renders and counts the prompt,
+holds it to the length contract, waits for an engine slot, streams neutral
+deltas back, and aborts the engine request if the caller goes away, the request
+times out, or anything fails. No HTTP here; `builder.py` makes it a Serve
+deployment, and tests use it in-process with a fake engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, replace
+from typing import Any, AsyncIterator
+
+from app.admission import Admission
+from app.config import ModelConfig, ServiceConfig
+from app.engine import Engine, EngineDead, EngineRejected, GenerationDelta, make_engine
+from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, RequestTimeout,
+                        ServiceUnavailable)
+from app.protocol import Admitted, GenerateRequest, PromptInput
+
+log = logging.getLogger(__name__)
+
+
+class EngineHost:
+    def __init__(self, model: ModelConfig, service: ServiceConfig | None = None, engine: Engine | None = None):
+        service = service or ServiceConfig()
+        self.model = model
+        self.engine = engine if engine is not None else make_engine(model)
+        started = time.monotonic()
+        self.engine.start()
+        dep = model.deployment
+        self.admission = Admission(
+            max_running=dep.max_ongoing_requests,
+            max_queued=dep.max_queued_requests,
+            token_budget=dep.token_budget or self.engine.kv_cache_tokens or 2**62,
+            queue_timeout_s=dep.queue_timeout_s,
+            refusal=QueueFull if service.refusal_status == 429 else QueueFullUnavailable,
+        )
+        self._dead: str | None = None
+        log.info("model %s ready in %.1f s; token budget %d", model.id, time.monotonic() - started, self.admission.token_budget)
+
+    # -- the request path -------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Admitted | GenerationDelta]:
+        if self._dead:
+            raise ServiceUnavailable(f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5)
+        ticket = self.admission.reserve()  # refuse before tokenizing anything
+        try:
+            prompt_ids = await asyncio.to_thread(self._render, request.prompt)
+            params = self._fit_to_context(len(prompt_ids), request)
+            remaining = request.deadline - time.time()
+            await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, remaining)
+            prompt_text = self.engine.decode(prompt_ids) if request.prompt.token_ids is not None and request.want_prompt_text else None
+            deltas = self._run(request.request_id, prompt_ids, params, request.deadline)
+            try:
+                # Wait for the engine's first output before announcing admission, so that an engine-side
+                # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.
+                first = await anext(deltas, None)
+                yield Admitted(prompt_tokens=len(prompt_ids), prompt_text=prompt_text)
+                if first is not None:
+                    yield first
+                async for delta in deltas:
+                    yield delta
+            finally:
+                await deltas.aclose()
+        finally:
+            ticket.release()
+
+    def _render(self, prompt: PromptInput) -> list[int]:
+        try:
+            if prompt.messages is not None:
+                ids = self.engine.render_chat(list(prompt.messages))
+            elif prompt.text is not None:
+                ids = self.engine.encode(prompt.text)
+            else:
+                ids = list(prompt.token_ids or ())
+        except InvalidRequest:
+            raise
+        except Exception as err:  # e.g. a chat template that rejects the message order
+            raise InvalidRequest(f"the prompt could not be rendered for this model: {err}", param="messages" if prompt.messages else "prompt") from None
+        if not ids:
+            raise InvalidRequest("the prompt is empty; send at least one token of text", param="messages" if prompt.messages else "prompt")
+        return ids
+
+    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest):
+        params = request.params
+        param = "messages" if request.prompt.messages is not None else "prompt"
+        max_prompt = self.model.max_prompt_tokens
+        if prompt_tokens > max_prompt:
+            raise ContextLengthExceeded(
+                f"The prompt is {prompt_tokens} tokens; this model accepts at most {max_prompt} prompt tokens. Shorten the {param}.",
+                param=param,
+            )
+        n_ctx = self.model.engine.max_model_len
+        if prompt_tokens + params.max_tokens <= n_ctx:
+            return params
+        if params.max_tokens_is_default:  # the client did not ask for a length: use what is left
+
+            return replace(params, max_tokens=n_ctx - prompt_tokens)
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+            f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {param}, {params.max_tokens} in the completion). "
+            f"Please reduce the length of the {param} or completion.",
+            param=param,
+        )
+
+    async def _run(self, request_id: str, prompt_ids: list[int], params, deadline: float) -> AsyncIterator[GenerationDelta]:
+        stream = self.engine.generate(request_id, prompt_ids, params)
+        loop_deadline = asyncio.get_running_loop().time() + (deadline - time.time())
+        finished = False
+        try:
+            while True:
+                async with asyncio.timeout_at(loop_deadline):  # around the await only, never across the yield
+                    try:
+                        delta = await anext(stream)
+                    except StopAsyncIteration:
+                        finished = True
+                        return
+                yield delta
+        except TimeoutError:
+            raise RequestTimeout("The request ran past its time limit and was stopped; ask for fewer tokens or retry later") from None
+        except EngineRejected as err:
+            finished = True
+            raise InvalidRequest(str(err), param=self._rejected_param(params)) from None
+        except EngineDead as err:
+            self._dead = str(err)
+            log.error("engine for %s died: %s", self.model.id, err)
+            raise ServiceUnavailable(f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5) from None
+        finally:
+            await stream.aclose()
+            if not finished:
+                await self.engine.abort(request_id)
+
+    @staticmethod
+    def _rejected_param(params) -> str | None:
+        if params.json_schema is not None or params.json_object:
+            return "response_format"
+        return None
+
+    # -- control plane ----------------------------------------------------
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        return await asyncio.to_thread(self._render, prompt)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return self.engine.decode(token_ids)
+
+    async def check_health(self) -> None:
+        """Ray Serve's liveness probe: cheap, and never fails because the engine is busy."""
+        if self._dead:
+            raise RuntimeError(f"engine dead: {self._dead}")
+        try:
+            await self.engine.check_health()
+        except EngineDead as err:
+            self._dead = str(err)
+            raise RuntimeError(f"engine dead: {err}") from None
+
+    async def stats(self) -> dict[str, Any]:
+        return {
+            "model": self.model.id,
+            "healthy": self._dead is None,
+            "admission": asdict(self.admission.stats()),
+            "engine": asdict(self.engine.stats()),
+            "kv_cache_tokens": self.engine.kv_cache_tokens,
+        }
+
+    def drain(self) -> None:
+        self.admission.close("the service is shutting down; retry on another instance")
+
+    def __del__(self):
+        # Ray Serve calls this when it stops the replica; the engine's processes must go with it.
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

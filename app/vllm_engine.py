@@ -1,0 +1,197 @@
+"""`Engine` implemented on vLLM's `AsyncLLM`. The only module that imports vLLM.
+
+One instance per engine replica. `AsyncLLM` runs the model in an `EngineCore`
+child process with a paged KV cache whose size is capped by configuration
+(`gpu_memory_utilization` on a GPU, `VLLM_CPU_KVCACHE_SPACE` on the CPU), so the
+engine's memory does not grow with the number of requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import AsyncIterator
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from app.config import ModelConfig
+from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
+from app.model_store import resolve_source
+
+log = logging.getLogger(__name__)
+
+
+class _StatsRecorder(StatLoggerBase):
+    """Keeps the engine's latest scheduler figures and running totals for `stats()`."""
+
+    latest: "_StatsRecorder | None" = None
+
+    def __init__(self, vllm_config, engine_index: int = 0):
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self.preemptions_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        _StatsRecorder.latest = self
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+        if iteration_stats is not None:
+            self.preemptions_total += iteration_stats.num_preempted_reqs
+            self.prompt_tokens_total += iteration_stats.num_prompt_tokens
+            self.generation_tokens_total += iteration_stats.num_generation_tokens
+
+    def log_engine_initialized(self):
+        pass
+
+
+def _engine_args(model: ModelConfig) -> AsyncEngineArgs:
+    e = model.engine
+    return AsyncEngineArgs(
+        model=resolve_source(model.source),
+        served_model_name=model.id,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        dtype=e.dtype,
+        enforce_eager=e.enforce_eager,
+        seed=e.seed,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        tensor_parallel_size=e.tensor_parallel_size,
+        trust_remote_code=e.trust_remote_code,
+        max_logprobs=max(model.limits.max_logprobs, 1),
+    )
+
+
+def _sampling_params(p: GenerationParams) -> SamplingParams:
+    structured = None
+    if p.json_schema is not None:
+        structured = StructuredOutputsParams(json=p.json_schema)
+    elif p.json_object:
+        structured = StructuredOutputsParams(json_object=True)
+    return SamplingParams(
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        stop=list(p.stop) or None,
+        seed=p.seed,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        logprobs=p.logprobs,
+        ignore_eos=p.ignore_eos,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _logprobs(completion, top_k: int) -> tuple[TokenLogprob, ...]:
+    out = []
+    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or ()):
+        chosen = alternatives[token_id]
+        ranked = sorted(alternatives.values(), key=lambda lp: lp.rank)[:top_k]
+        out.append(TokenLogprob(
+            token=chosen.decoded_token or "",
+            logprob=chosen.logprob,
+            top=tuple((lp.decoded_token or "", lp.logprob) for lp in ranked),
+        ))
+    return tuple(out)
+
+
+class VLLMEngine:
+    def __init__(self, model: ModelConfig):
+        self._model = model
+        self._llm: AsyncLLM | None = None
+        self._tokenizer = None
+        self._stats: _StatsRecorder | None = None
+
+    def start(self) -> None:
+        if not self._model.on_gpu and self._model.engine.kv_cache_gib:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._model.engine.kv_cache_gib)
+        self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[_StatsRecorder])
+        self._stats = _StatsRecorder.latest
+        self._tokenizer = self._llm.get_tokenizer()
+        log.info("engine for %s ready: KV cache holds %d tokens", self._model.id, self.kv_cache_tokens)
+
+    @property
+    def llm(self) -> AsyncLLM:
+        if self._llm is None:
+            raise EngineDead("engine not started")
+        return self._llm
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        cache = self.llm.vllm_config.cache_config
+        return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(list(token_ids))
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+        try:
+            sampling = _sampling_params(params)
+        except (VLLMValidationError, ValueError) as err:
+            raise EngineRejected(str(err)) from None
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling, request_id):
+                yield GenerationDelta(choices=tuple(
+                    ChoiceDelta(
+                        index=c.index,
+                        text=c.text,
+                        num_tokens=len(c.token_ids),
+                        finish_reason=c.finish_reason if c.finish_reason in (None, "stop", "length") else "stop",
+                        logprobs=_logprobs(c, params.logprobs) if params.logprobs is not None else None,
+                    )
+                    for c in out.outputs
+                ))
+        except VLLMValidationError as err:
+            raise EngineRejected(str(err)) from None
+        except (EngineDeadError, EngineGenerateError) as err:
+            raise EngineDead(f"the engine failed: {err}") from None
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None and not self._llm.errored:
+            await self._llm.abort(request_id)
+
+    async def check_health(self) -> None:
+        try:
+            await self.llm.check_health()
+        except EngineDeadError as err:
+            raise EngineDead(str(err)) from None
+
+    def stats(self) -> EngineStats:
+        s = self._stats
+        unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
+        if s is None:
+            return EngineStats(running=unfinished)
+        return EngineStats(
+            running=unfinished,
+            waiting=s.waiting,
+            kv_cache_usage=s.kv_cache_usage,
+            preemptions_total=s.preemptions_total,
+            prompt_tokens_total=s.prompt_tokens_total,
+            generation_tokens_total=s.generation_tokens_total,
+            extra={"scheduler_running": float(s.running)},
+        )
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None

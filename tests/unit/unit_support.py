@@ -1,0 +1,88 @@
+"""Helpers shared by the unit tests (imported by conftest.py and the test modules).
+
+No vLLM and no Ray here: `EngineHost` runs in-process around a `FakeEngine`, and
+the FastAPI app is driven through httpx's ASGI transport.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.config import AppConfig, parse_config
+from app.engine import GenerationParams
+from app.fake_engine import FakeEngine
+from app.ingress import create_app
+from app.protocol import GenerateRequest, PromptInput
+from app.server import EngineHost
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL_ID = "fake-model"
+MAX_MODEL_LEN = 256
+DEFAULT_MAX_TOKENS = 32
+MAX_TOKENS = 128
+
+
+def config_dict(**model_overrides: Any) -> dict[str, Any]:
+    """A valid config dict with one fake model; `model_overrides` merge section by section."""
+    model: dict[str, Any] = {
+        "id": MODEL_ID,
+        "engine_kind": "fake",
+        "engine": {"max_model_len": MAX_MODEL_LEN},
+        "deployment": {"max_ongoing_requests": 4, "max_queued_requests": 8, "queue_timeout_s": 5},
+        "limits": {"max_tokens": MAX_TOKENS, "default_max_tokens": DEFAULT_MAX_TOKENS, "max_n": 4,
+                   "max_stop_sequences": 2},
+    }
+    for key, value in model_overrides.items():
+        if isinstance(value, dict) and isinstance(model.get(key), dict):
+            model[key] = {**model[key], **value}
+        else:
+            model[key] = value
+    return {"models": [model]}
+
+
+def make_config(service: dict[str, Any] | None = None, **model_overrides: Any) -> AppConfig:
+    data = config_dict(**model_overrides)
+    if service:
+        data["service"] = copy.deepcopy(service)
+    return parse_config(data)
+
+
+def make_request(prompt: PromptInput | str | list[dict[str, str]], deadline_s: float = 30.0,
+                 want_prompt_text: bool = False, **params: Any) -> GenerateRequest:
+    """A `GenerateRequest` as the ingress would build it; `params` go to `GenerationParams`."""
+    if isinstance(prompt, str):
+        prompt = PromptInput(text=prompt)
+    elif isinstance(prompt, list):
+        prompt = PromptInput(messages=tuple(prompt))
+    params.setdefault("max_tokens", 16)
+    return GenerateRequest(
+        request_id=f"test-{uuid.uuid4().hex}",
+        prompt=prompt,
+        params=GenerationParams(**params),
+        deadline=time.time() + deadline_s,
+        want_prompt_text=want_prompt_text,
+    )
+
+
+def chat_body(content: str = "Hello", **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL_ID, "messages": [{"role": "user", "content": content}], **extra}
+
+
+class Stack:
+    """One app over one fake engine, and an httpx client that talks to it in-process."""
+
+    def __init__(self, config: AppConfig, engine: FakeEngine):
+        self.config = config
+        self.engine = engine
+        self.host = EngineHost(config.models[0], config.service, engine=engine)
+        self.app = create_app(config, {config.models[0].id: self.host})
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test", timeout=10)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

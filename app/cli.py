@@ -38,6 +38,18 @@ def _become_subreaper() -> None:
         pass
 
 
+def _reap_zombies() -> None:
+    """As subreaper we inherit orphans (e.g. the worker of a killed EngineCore); collect the dead ones."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            pass
+
+
 def _kill_descendants(grace_s: float = 5.0) -> int:
     import psutil
 
@@ -121,7 +133,8 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
         else:
             _say(f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:{config.service.port}/v1 "
                  f"(ready in {time.monotonic() - started:.0f} s); Ctrl-C to stop")
-            stop.wait()
+            while not stop.wait(2.0):
+                _reap_zombies()
         _say(f"stopping (signal {received[0] if received else '-'}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
         try:
             left = serve.get_deployment_handle(INGRESS_NAME, APP_NAME).drain.remote(config.service.drain_grace_s).result(

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator, Mapping, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import sse
@@ -170,7 +170,11 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
             return _error_response(NotFound(f"No route {request.method} {request.url.path}; see docs/api.md for the endpoints"))
         if err.status_code == 405:
             return _error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
-        return _error_response(ServiceError(str(err.detail)))
+        if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader
+            return _error_response(err.__cause__)
+        fallback = InvalidRequest(str(err.detail)) if 400 <= err.status_code < 500 else ServiceError(str(err.detail))
+        fallback.status = err.status_code  # keep the status; never turn a client error into a 500
+        return _error_response(fallback)
 
     @api.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception):
@@ -238,7 +242,11 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequest("Send exactly one of 'prompt' or 'messages'", param="prompt")
         if body.messages is not None:
-            prompt = ChatCompletionRequest(model=body.model, messages=body.messages).to_prompt(model.limits)
+            try:
+                chat = ChatCompletionRequest(model=body.model, messages=body.messages)
+            except ValidationError as err:  # a bad message is the client's 400, not a 500
+                raise InvalidRequest(f"Invalid 'messages': {err.errors()[0]['msg']}", param="messages") from None
+            prompt = chat.to_prompt(model.limits)
         else:
             prompt = PromptInput(text=body.prompt)
         tokens = await backend.tokenize(prompt)

@@ -1,0 +1,68 @@
+"""Overload turns into queueing and fast, honest refusals; afterwards nothing is left running."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import MAX_ONGOING, MAX_QUEUED, MODEL
+
+pytestmark = pytest.mark.integration
+
+LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 400,
+        "ignore_eos": True, "temperature": 0, "stream": True}
+
+
+async def _hold_stream(client: httpx.AsyncClient, started: asyncio.Event, release: asyncio.Event) -> int:
+    async with client.stream("POST", "/v1/chat/completions", json=LONG) as r:
+        started.set()
+        if r.status_code == 200:
+            await release.wait()  # keep the slot (and the connection) until told to hang up
+        return r.status_code
+
+
+async def test_full_queue_refuses_at_once_with_retry_after(service, async_client):
+    capacity = MAX_ONGOING + MAX_QUEUED
+    release = asyncio.Event()
+    async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=120) as client:
+        holders = []
+        for _ in range(capacity):
+            started = asyncio.Event()
+            holders.append(asyncio.create_task(_hold_stream(client, started, release)))
+            await asyncio.sleep(0.05)
+        # The queued ones have no status yet (the 200 waits for admission); wait for the replica to count them all.
+        deadline = time.monotonic() + 60
+        while (await asyncio.to_thread(service.stats))["admission"]["in_system"] < capacity:
+            assert time.monotonic() < deadline, "the service never held the full capacity"
+            await asyncio.sleep(0.2)
+        stats = await asyncio.to_thread(service.stats)
+        assert stats["admission"]["running"] == MAX_ONGOING and stats["admission"]["waiting"] == MAX_QUEUED
+
+        t0 = time.monotonic()
+        refused = await client.post("/v1/chat/completions", json={**LONG, "stream": False, "max_tokens": 5})
+        refusal_s = time.monotonic() - t0
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["code"] == "queue_full"
+        print(f"refusal answered in {refusal_s * 1000:.1f} ms")
+        with pytest.raises(openai.RateLimitError) as err:
+            await async_client.chat.completions.create(model=MODEL, messages=LONG["messages"], max_tokens=5)
+        assert int(err.value.response.headers["retry-after"]) >= 1
+
+        release.set()  # every holder hangs up
+        statuses = await asyncio.gather(*holders)
+        assert statuses.count(200) == capacity
+    idle = service.wait_idle(timeout_s=30)
+    assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0, idle
+
+
+def test_service_answers_normally_after_overload(service, client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                       temperature=0, max_tokens=20)
+    assert "Paris" in r.choices[0].message.content
+    stats = service.wait_idle()
+    assert stats["admission"]["refused_queue_full"] >= 2  # the refusals were counted where they happened

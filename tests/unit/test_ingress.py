@@ -1,0 +1,453 @@
+"""The HTTP API end to end in-process: FastAPI app -> EngineHost -> FakeEngine, via httpx's ASGI transport."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from app import sse
+from app.config import API_KEYS_ENV
+from app.fake_engine import ANSWER, FakeEngine
+from unit_support import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def error_of(resp: httpx.Response, status: int) -> dict:
+    """Assert `resp` is an OpenAI-shaped error with `status`; return its error object."""
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}, body  # never FastAPI's {"detail": ...}
+    assert set(body["error"]) == ERROR_KEYS, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def events(resp: httpx.Response) -> list:
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    return sse.parse(resp.text)
+
+
+class DyingEngine(FakeEngine):
+    """Dies (kill()) after it has produced `after` deltas of a request."""
+
+    def __init__(self, after: int, **kw):
+        super().__init__(**kw)
+        self.after = after
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        count = 0
+        async for delta in super().generate(request_id, prompt_token_ids, params):
+            yield delta
+            count += 1
+            if count == self.after:
+                self.kill()
+
+
+# -- models ---------------------------------------------------------------------------
+
+async def test_list_models(client):
+    resp = await client.get("/v1/models")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == [MODEL_ID]
+    assert body["data"][0]["object"] == "model"
+    assert body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+async def test_get_model(client):
+    resp = await client.get(f"/v1/models/{MODEL_ID}")
+    assert resp.status_code == 200 and resp.json()["id"] == MODEL_ID
+    err = error_of(await client.get("/v1/models/nope"), 404)
+    assert err["code"] == "model_not_found"
+
+
+# -- chat completions ---------------------------------------------------------------------
+
+async def test_chat_non_stream_shape(client, stack):
+    resp = await client.post("/v1/chat/completions", json=chat_body("Hi"))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert isinstance(body["created"], int) and body["created"] > 0
+    assert body["model"] == MODEL_ID
+    assert len(body["choices"]) == 1
+    choice = body["choices"][0]
+    assert choice["index"] == 0
+    assert choice["message"] == {"role": "assistant", "content": ANSWER}
+    assert choice["finish_reason"] == "stop"
+    usage = body["usage"]
+    prompt_tokens = len(stack.engine.render_chat([{"role": "user", "content": "Hi"}]))
+    assert usage["prompt_tokens"] == prompt_tokens
+    assert usage["completion_tokens"] == len(ANSWER.split(" "))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+async def test_chat_n_and_max_tokens(client):
+    body = (await client.post("/v1/chat/completions", json=chat_body(n=2, max_tokens=3, temperature=0.7))).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert all(c["finish_reason"] == "length" for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 6
+
+
+async def test_chat_logprobs(client):
+    body = (await client.post("/v1/chat/completions", json=chat_body(logprobs=True, top_logprobs=2, max_tokens=2))).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2
+    assert set(content[0]) == {"token", "logprob", "bytes", "top_logprobs"}
+    assert len(content[0]["top_logprobs"]) == 2
+
+
+async def test_chat_stream(client):
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True))
+    out = events(resp)
+    assert out[-1] == "[DONE]"
+    chunks = out[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == ANSWER
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert all("usage" not in c for c in chunks)
+
+
+async def test_chat_stream_include_usage(client):
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True, stream_options={"include_usage": True}))
+    out = events(resp)
+    assert out[-1] == "[DONE]"
+    *content_chunks, usage_chunk = out[:-1]
+    assert all(c["usage"] is None for c in content_chunks)
+    assert usage_chunk["choices"] == []
+    usage = usage_chunk["usage"]
+    assert usage["completion_tokens"] == len(ANSWER.split(" "))
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+async def test_stream_error_before_start_is_plain_http_error(client):
+    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=10_000))
+    assert error_of(resp, 400)["param"] == "max_tokens"
+
+
+async def test_stream_error_after_start_is_error_event_then_done(make_stack):
+    stack = make_stack(engine=DyingEngine(after=2, max_model_len=MAX_MODEL_LEN))
+    resp = await stack.client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=50, ignore_eos=True))
+    out = events(resp)
+    assert out[-1] == "[DONE]"
+    error = out[-2]
+    assert set(error) == {"error"} and set(error["error"]) == ERROR_KEYS
+    assert error["error"]["code"] == "engine_unavailable"
+    assert len(out) >= 4 and all("choices" in c for c in out[:-2])  # content came out before the failure
+    assert stack.engine.dead
+    assert stack.engine.running == set()
+    assert stack.host.admission.stats().in_system == 0
+
+
+# -- completions ---------------------------------------------------------------------------
+
+async def test_completion(client):
+    body = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Say", "max_tokens": 4})).json()
+    assert body["id"].startswith("cmpl-")
+    assert body["object"] == "text_completion"
+    choice = body["choices"][0]
+    assert choice["text"] == " ".join(ANSWER.split(" ")[:4]) + " "
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+async def test_completion_echo(client):
+    body = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Say: ", "echo": True})).json()
+    assert body["choices"][0]["text"] == "Say: " + ANSWER
+
+
+async def test_completion_echo_token_ids(client):
+    ids = list("héllo".encode())
+    body = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ids, "echo": True, "max_tokens": 1})).json()
+    assert body["choices"][0]["text"].startswith("héllo")
+    assert body["usage"]["prompt_tokens"] == len(ids)
+
+
+async def test_completion_echo_stream(client):
+    out = events(await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Q ", "echo": True, "stream": True}))
+    assert out[-1] == "[DONE]"
+    assert out[0]["choices"][0]["text"].startswith("Q ")
+    assert "".join(c["choices"][0]["text"] for c in out[:-1]) == "Q " + ANSWER
+
+
+async def test_completion_batched_prompt_refused(client):
+    err = error_of(await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ["a", "b"]}), 400)
+    assert (err["param"], err["code"]) == ("prompt", "unsupported_parameter")
+
+
+# -- request errors ------------------------------------------------------------------------
+
+async def test_unknown_model_404(client):
+    err = error_of(await client.post("/v1/chat/completions", json={**chat_body(), "model": "nope"}), 404)
+    assert err["code"] == "model_not_found"
+    assert err["param"] == "model"
+    assert "nope" in err["message"]
+
+
+async def test_malformed_json_400(client):
+    resp = await client.post("/v1/chat/completions", content=b'{"model": "x", "messages": [',
+                             headers={"content-type": "application/json"})
+    err = error_of(resp, 400)
+    assert err["type"] == "invalid_request_error"
+    assert "JSON" in err["message"]
+
+
+async def test_missing_body_400(client):
+    err = error_of(await client.post("/v1/chat/completions"), 400)
+    assert err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body, param", [
+    (chat_body(temperature="hot"), "temperature"),
+    ({"model": MODEL_ID, "messages": "hi"}, "messages"),
+    ({"model": MODEL_ID}, "messages"),
+    (chat_body(n=0), "n"),
+    (chat_body(max_tokens=10_000), "max_tokens"),
+    (chat_body(n=2, temperature=0), "n"),
+    (chat_body(stop=["a", "b", "c"]), "stop"),
+    (chat_body(top_logprobs=1), "top_logprobs"),
+    (chat_body(foo=1), "foo"),
+    (chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+])
+async def test_bad_requests_name_the_param(client, body, param):
+    err = error_of(await client.post("/v1/chat/completions", json=body), 400)
+    assert err["param"] == param
+    assert err["type"] == "invalid_request_error"
+
+
+async def test_unknown_field_message(client):
+    err = error_of(await client.post("/v1/chat/completions", json=chat_body(foo=1)), 400)
+    assert err["message"] == "Unrecognized request argument supplied: foo"
+
+
+async def test_ignored_and_empty_tool_fields_accepted(client):
+    resp = await client.post("/v1/chat/completions", json=chat_body(user="u", tools=[], tool_choice="none", metadata={"a": "b"}))
+    assert resp.status_code == 200, resp.text
+
+
+async def test_context_length_exceeded_400(client):
+    err = error_of(await client.post("/v1/chat/completions", json=chat_body("x" * 200, max_tokens=100)), 400)
+    assert err["code"] == "context_length_exceeded"
+    assert err["param"] == "messages"
+    assert err["message"].startswith(f"This model's maximum context length is {MAX_MODEL_LEN} tokens.")
+
+
+async def test_invalid_json_schema_400(client):
+    body = chat_body(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": 12}}})
+    err = error_of(await client.post("/v1/chat/completions", json=body), 400)
+    assert err["param"] == "response_format"
+
+
+async def test_unknown_route_404(client):
+    err = error_of(await client.get("/v1/nothing-here"), 404)
+    assert err["code"] == "not_found"
+
+
+async def test_wrong_method_405(client):
+    err = error_of(await client.get("/v1/chat/completions"), 405)
+    assert err["code"] == "method_not_allowed"
+
+
+async def test_body_too_large_413(make_stack):
+    stack = make_stack(make_config(service={"max_body_bytes": 2048}))
+    err = error_of(await stack.client.post("/v1/chat/completions", json=chat_body("x" * 5000)), 413)
+    assert err["code"] == "request_too_large"
+
+
+async def test_body_too_large_without_content_length_413(make_stack):
+    stack = make_stack(make_config(service={"max_body_bytes": 2048}))
+    payload = json.dumps(chat_body("x" * 5000)).encode()
+
+    async def chunks():
+        for i in range(0, len(payload), 1000):
+            yield payload[i:i + 1000]
+
+    resp = await stack.client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in resp.request.headers
+    err = error_of(resp, 413)
+    assert err["code"] == "request_too_large"
+
+
+async def test_other_http_errors_keep_their_status(stack):
+    from fastapi import HTTPException
+
+    async def conflict():
+        raise HTTPException(status_code=409, detail="already there")
+
+    stack.app.add_api_route("/conflict", conflict)
+    err = error_of(await stack.client.get("/conflict"), 409)
+    assert err["message"] == "already there"
+    assert err["type"] == "invalid_request_error"
+
+
+async def test_body_under_limit_ok(make_stack):
+    stack = make_stack(make_config(service={"max_body_bytes": 2048}))
+    resp = await stack.client.post("/v1/chat/completions", json=chat_body("x" * 100))
+    assert resp.status_code == 200, resp.text
+
+
+# -- API keys, request ids -------------------------------------------------------------------
+
+@pytest.fixture
+def keyed(make_stack, monkeypatch):
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
+    return make_stack(make_config(service={"api_keys": ["sk-right"]}))
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "sk-right"},
+                                     {"Authorization": "Basic sk-right"}, {"Authorization": "Bearer "}])
+async def test_api_key_refused(keyed, headers):
+    for resp in (await keyed.client.post("/v1/chat/completions", json=chat_body(), headers=headers),
+                 await keyed.client.get("/v1/models", headers=headers)):
+        err = error_of(resp, 401)
+        assert err["type"] == "authentication_error"
+
+
+async def test_api_key_accepted_and_health_open(keyed):
+    resp = await keyed.client.post("/v1/chat/completions", json=chat_body(), headers={"Authorization": "Bearer sk-right"})
+    assert resp.status_code == 200, resp.text
+    assert (await keyed.client.get("/v1/models", headers={"Authorization": "bearer sk-right"})).status_code == 200
+    assert (await keyed.client.get("/health")).status_code == 200
+    assert (await keyed.client.get("/livez")).status_code == 200
+
+
+async def test_api_key_from_env(make_stack, monkeypatch):
+    monkeypatch.setenv(API_KEYS_ENV, "sk-env")
+    stack = make_stack(make_config())
+    assert (await stack.client.get("/v1/models")).status_code == 401
+    assert (await stack.client.get("/v1/models", headers={"Authorization": "Bearer sk-env"})).status_code == 200
+
+
+async def test_request_id_echoed(client):
+    resp = await client.get("/v1/models", headers={"X-Request-Id": "my-id-123"})
+    assert resp.headers["x-request-id"] == "my-id-123"
+    resp = await client.post("/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "chat-id"})
+    assert resp.headers["x-request-id"] == "chat-id"
+
+
+async def test_request_id_generated(client):
+    first = (await client.get("/v1/models")).headers["x-request-id"]
+    second = (await client.get("/v1/models")).headers["x-request-id"]
+    assert first and second and first != second
+
+
+async def test_request_id_on_errors(keyed):
+    resp = await keyed.client.get("/v1/models", headers={"X-Request-Id": "denied-1"})
+    assert resp.status_code == 401
+    assert resp.headers["x-request-id"] == "denied-1"
+
+
+# -- tokenize, health, stats -------------------------------------------------------------------
+
+async def test_tokenize_detokenize_round_trip(client):
+    resp = await client.post("/tokenize", json={"model": MODEL_ID, "prompt": "héllo wörld"})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["count"] == len(body["tokens"]) == len("héllo wörld".encode())
+    assert body["max_model_len"] == MAX_MODEL_LEN
+    resp = await client.post("/detokenize", json={"model": MODEL_ID, "tokens": body["tokens"]})
+    assert resp.status_code == 200
+    assert resp.json() == {"prompt": "héllo wörld"}
+
+
+async def test_tokenize_messages_matches_chat_usage(client):
+    messages = [{"role": "user", "content": "Hi"}]
+    count = (await client.post("/tokenize", json={"model": MODEL_ID, "messages": messages})).json()["count"]
+    usage = (await client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": messages})).json()["usage"]
+    assert count == usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL_ID}, "prompt"),
+    ({"model": MODEL_ID, "prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
+    ({"model": MODEL_ID, "prompt": ""}, "prompt"),
+])
+async def test_tokenize_bad_requests(client, body, param):
+    assert error_of(await client.post("/tokenize", json=body), 400)["param"] == param
+
+
+async def test_tokenize_bad_messages_400(client):
+    for messages in ([{"role": "wizard", "content": "x"}], []):
+        err = error_of(await client.post("/tokenize", json={"model": MODEL_ID, "messages": messages}), 400)
+        assert err["param"] == "messages"
+
+
+async def test_tokenize_unknown_model_404(client):
+    assert error_of(await client.post("/tokenize", json={"model": "nope", "prompt": "a"}), 404)["code"] == "model_not_found"
+
+
+async def test_detokenize_negative_tokens_400(client):
+    assert error_of(await client.post("/detokenize", json={"model": MODEL_ID, "tokens": [1, -1]}), 400)["param"] == "tokens"
+
+
+async def test_health(client, stack):
+    resp = await client.get("/health")
+    assert resp.status_code == 200
+    assert resp.json() == {"status": "ok", "models": {MODEL_ID: True}}
+    stack.engine.kill()
+    resp = await client.get("/health")
+    assert resp.status_code == 503
+    assert resp.json() == {"status": "unavailable", "models": {MODEL_ID: False}}
+    err = error_of(await client.post("/v1/chat/completions", json=chat_body()), 503)
+    assert err["code"] == "engine_unavailable"
+
+
+async def test_dead_engine_503_has_retry_after(client, stack):
+    stack.engine.kill()
+    resp = await client.post("/v1/chat/completions", json=chat_body())
+    error_of(resp, 503)
+    assert int(resp.headers["retry-after"]) >= 1
+
+
+async def test_stats(client):
+    await client.post("/v1/chat/completions", json=chat_body())
+    body = (await client.get("/stats")).json()
+    assert body[MODEL_ID]["admission"]["in_system"] == 0
+    assert body[MODEL_ID]["engine"]["generation_tokens_total"] == len(ANSWER.split(" "))
+
+
+# -- overload -------------------------------------------------------------------------------
+
+async def test_queue_full_429_with_retry_after(make_stack):
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 1})
+    stack = make_stack(config, FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.05))
+    responses = await asyncio.gather(*(stack.client.post("/v1/chat/completions", json=chat_body(f"q{i}")) for i in range(5)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 200, 429, 429, 429], statuses
+    for resp in responses:
+        if resp.status_code == 429:
+            err = error_of(resp, 429)
+            assert (err["type"], err["code"]) == ("rate_limit_error", "queue_full")
+            assert int(resp.headers["retry-after"]) >= 1
+        else:
+            assert resp.json()["choices"][0]["message"]["content"] == ANSWER
+    assert stack.host.admission.stats().in_system == 0
+
+
+async def test_queue_full_503_when_configured(make_stack):
+    config = make_config(service={"refusal_status": 503}, deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
+    stack = make_stack(config, FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.02))
+    responses = await asyncio.gather(*(stack.client.post("/v1/chat/completions", json=chat_body()) for _ in range(3)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200, 503, 503], statuses
+    refused = next(r for r in responses if r.status_code == 503)
+    assert error_of(refused, 503)["code"] == "queue_full"
+    assert "retry-after" in refused.headers
+
+
+async def test_draining_refuses_with_503(client, stack):
+    stack.app.state.lifecycle.draining = True
+    err = error_of(await client.get("/v1/models"), 503)
+    assert err["type"] == "service_unavailable"
+    assert (await client.get("/livez")).status_code == 200

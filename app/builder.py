@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
 from app.ingress import create_app
+from app.logs import configure_logging
 from app.protocol import GenerateRequest, PromptInput
 from app.server import EngineHost
 
@@ -84,6 +85,7 @@ class HandleBackend:
 @serve.ingress()
 class Ingress:
     def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle]):
+        configure_logging(config.service.log_level)
         self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=False)
 
     def __serve_build_asgi_app__(self):

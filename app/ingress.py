@@ -27,11 +27,17 @@ from app.config import AppConfig, ModelConfig
 from app.errors import (InternalError, InvalidRequest, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge,
                         ServiceError, ServiceUnavailable, Unauthorized)
 from app.protocol import Admitted, ChatCompletionRequest, CompletionRequest, GenerateRequest, PromptInput
+from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.metrics import Metrics, RequestTimer
 from app.serving import ChatShape, CompletionShape, Responder
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health", "/livez"})
+OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes need no key
+KNOWN_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
+                             "/health", "/livez", "/stats", "/metrics"})
+QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
+access_log = logging.getLogger("app.access")
 
 
 class Backend(Protocol):
@@ -93,8 +99,9 @@ class Gate:
     through untouched and the token path pays for no extra task.
     """
 
-    def __init__(self, app, keys: list[bytes], max_body_bytes: int, lifecycle: Lifecycle, echo_request_id: bool):
+    def __init__(self, app, keys: list[bytes], max_body_bytes: int, lifecycle: Lifecycle, echo_request_id: bool, metrics: Metrics):
         self.app = app
+        self.metrics = metrics
         self.echo_request_id = echo_request_id
         self.keys = keys
         self.max_body_bytes = max_body_bytes
@@ -105,24 +112,33 @@ class Gate:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", ()))
         request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["arrived"] = started = time.perf_counter()
         id_header = (b"x-request-id", request_id.encode("latin-1"))
+        status = 0
 
         async def send_with_id(message):
-            if message["type"] == "http.response.start" and self.echo_request_id:
-                message = {**message, "headers": [*message.get("headers", []), id_header]}
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if self.echo_request_id:
+                    message = {**message, "headers": [*message.get("headers", []), id_header]}
             await send(message)
 
+        async def refuse(err: ServiceError):
+            self.metrics.refusals.labels("-", err.code or err.type).inc()
+            await _error_response(err)(scope, receive, send_with_id)
+            self._record(scope, status, started)
+
         if self.keys and scope["path"] not in OPEN_PATHS and not _authorized(headers.get(b"authorization", b""), self.keys):
-            err: ServiceError = Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'")
-            return await _error_response(err)(scope, receive, send_with_id)
+            return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         if self.lifecycle.draining and scope["path"] != "/livez":
-            err = ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
-            return await _error_response(err)(scope, receive, send_with_id)
+            return await refuse(ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5))
         too_large = PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request")
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            return await _error_response(too_large)(scope, receive, send_with_id)
+            return await refuse(too_large)
         received = 0
 
         async def limited_receive():
@@ -139,6 +155,18 @@ class Gate:
             return await self.app(scope, limited_receive, send_with_id)
         finally:
             self.lifecycle.leave()
+            self._record(scope, status, started)
+
+    def _record(self, scope, status: int, started: float) -> None:
+        """One metric sample and one access-log line per request, when it ends."""
+        path = scope["path"]
+        endpoint = path if path in KNOWN_ENDPOINTS else "other"
+        model = scope["state"].get("model", "-")
+        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        if endpoint not in QUIET_ENDPOINTS:
+            access_log.info("request", extra={"request_id": scope["state"]["request_id"], "method": scope["method"],
+                                              "path": endpoint, "status": status, "model": model,
+                                              "duration_ms": round((time.perf_counter() - started) * 1000, 1)})
 
 
 def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_id: bool = True) -> FastAPI:
@@ -147,11 +175,13 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
     models: dict[str, ModelConfig] = {m.id: m for m in config.models}
     timeout_s = config.service.request_timeout_s
+    metrics = Metrics()
 
     # -- errors: every one in the OpenAI shape --------------------------------
 
     @api.exception_handler(ServiceError)
-    async def _service_error(_: Request, err: ServiceError):
+    async def _service_error(request: Request, err: ServiceError):
+        metrics.refusals.labels(getattr(request.state, "model", "-"), err.code or err.type).inc()
         return _error_response(err)
 
     @api.exception_handler(RequestValidationError)
@@ -191,6 +221,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
 
     async def _generate(request: Request, body: ChatCompletionRequest | CompletionRequest, shape, prefix: str):
         model, backend = backend_for(body.model)
+        request.state.model = model.id
         prompt, params = body.to_prompt(model.limits), body.to_params(model.limits)
         engine_request = GenerateRequest(
             request_id=f"{prefix}-{uuid.uuid4().hex}",
@@ -198,7 +229,9 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
             params=params,
             deadline=time.time() + timeout_s,
             want_prompt_text=isinstance(shape, CompletionShape) and shape.echo_text is not None,
+            trace_id=request.state.request_id,
         )
+        timer = RequestTimer(metrics, model.id, request.state.arrived)
         stream = backend.generate(engine_request)
         try:
             admitted: Admitted = await anext(stream)  # validation and admission errors surface here, before the 200
@@ -210,10 +243,15 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
         responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage)
         responder.admitted(admitted)
         if body.stream:
-            return StreamingResponse(_events(responder, stream), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+            return StreamingResponse(_events(responder, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        timer.token(time.perf_counter())
         try:
-            return JSONResponse(await responder.collect(stream))
+            result = await responder.collect(stream)
+            timer.done(time.perf_counter())
+            return JSONResponse(result)
         finally:
+            if not timer.finished:
+                timer.client_left(request.url.path)
             await stream.aclose()
 
     @api.post("/v1/chat/completions")
@@ -276,9 +314,19 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     async def stats():
         return {model_id: await b.stats() for model_id, b in backends.items()}
 
+    @api.get("/metrics")
+    async def prometheus_metrics():
+        per_model = {}
+        for model_id, b in backends.items():
+            try:
+                per_model[model_id] = await asyncio.wait_for(b.stats(), timeout=5)
+            except Exception:  # a dead or busy replica must not break the scrape of everything else
+                pass
+        return Response(metrics.render(per_model), media_type=METRICS_CONTENT_TYPE)
+
     api.state.lifecycle = Lifecycle()
     api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()], max_body_bytes=config.service.max_body_bytes,
-                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id)
+                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id, metrics=metrics)
     return api
 
 
@@ -306,18 +354,27 @@ def _model_card(model: ModelConfig) -> dict[str, Any]:
             "max_model_len": model.engine.max_model_len}
 
 
-async def _events(responder: Responder, stream: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _events(responder: Responder, stream: AsyncIterator[Any], timer: RequestTimer, endpoint: str) -> AsyncIterator[bytes]:
     """The SSE body of a stream. Closing the stream (client gone) aborts the engine request."""
+    clock = time.perf_counter
+    ended = False
     try:
         async for delta in stream:
+            timer.token(clock())
             yield sse.event(responder.chunk(delta))
         if responder.include_usage:
             yield sse.event(responder.usage_chunk())
+        timer.done(clock())
+        ended = True
     except ServiceError as err:
+        ended = True
         yield sse.error_event(err.body())
     except Exception:
+        ended = True
         log.exception("stream %s failed", responder.request_id)
         yield sse.error_event(InternalError("The stream failed on the server; it has been logged").body())
     finally:
+        if not ended:
+            timer.client_left(endpoint)
         await stream.aclose()
     yield sse.DONE

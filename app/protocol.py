@@ -44,6 +44,7 @@ class GenerateRequest:
     params: GenerationParams
     deadline: float  # wall-clock (time.time()) moment the whole request must end by
     want_prompt_text: bool = False  # completions with echo of a token-id prompt
+    trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
 
 
 @dataclass(frozen=True)

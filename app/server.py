@@ -18,9 +18,10 @@ from typing import Any, AsyncIterator
 
 from app.admission import Admission
 from app.config import ModelConfig, ServiceConfig
+from app.logs import configure_logging
 from app.engine import Engine, EngineDead, EngineRejected, GenerationDelta, make_engine
 from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, RequestTimeout,
-                        ServiceUnavailable)
+                        ServiceError, ServiceUnavailable)
 from app.protocol import Admitted, GenerateRequest, PromptInput
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 class EngineHost:
     def __init__(self, model: ModelConfig, service: ServiceConfig | None = None, engine: Engine | None = None):
         service = service or ServiceConfig()
+        configure_logging(service.log_level)
         self.model = model
         self.engine = engine if engine is not None else make_engine(model)
         started = time.monotonic()
@@ -50,8 +52,10 @@ class EngineHost:
         if self._dead:
             raise ServiceUnavailable(f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5)
         ticket = self.admission.reserve()  # refuse before tokenizing anything
+        outcome, prompt_tokens, generated = "client_gone", 0, 0
         try:
             prompt_ids = await asyncio.to_thread(self._render, request.prompt)
+            prompt_tokens = len(prompt_ids)
             params = self._fit_to_context(len(prompt_ids), request)
             remaining = request.deadline - time.time()
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, remaining)
@@ -63,13 +67,22 @@ class EngineHost:
                 first = await anext(deltas, None)
                 yield Admitted(prompt_tokens=len(prompt_ids), prompt_text=prompt_text)
                 if first is not None:
+                    generated += sum(c.num_tokens for c in first.choices)
                     yield first
                 async for delta in deltas:
+                    generated += sum(c.num_tokens for c in delta.choices)
                     yield delta
+                outcome = "finished"
             finally:
                 await deltas.aclose()
+        except ServiceError as err:
+            outcome = err.code or err.type
+            raise
         finally:
             ticket.release()
+            log.info("engine request", extra={"request_id": request.request_id, "trace_id": request.trace_id,
+                                              "model": self.model.id, "outcome": outcome,
+                                              "prompt_tokens": prompt_tokens, "generated_tokens": generated})
 
     def _render(self, prompt: PromptInput) -> list[int]:
         try:

@@ -1,0 +1,70 @@
+"""What an operator sees: Prometheus metrics and JSON logs that carry the request id end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL
+
+pytestmark = pytest.mark.integration
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_count_requests_latency_disconnects_and_engine_figures(service, http):
+    before = httpx.get(f"{service.base_url}/metrics").text  # open to scrapers, no key
+    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True})
+    with http.stream("POST", "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "A long story"}],
+                                                          "max_tokens": 500, "ignore_eos": True, "stream": True}) as r:
+        next(r.iter_lines())
+    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 10})
+    service.wait_idle()
+    after = httpx.get(f"{service.base_url}/metrics").text
+
+    def grew(name, **labels):
+        return _sample(after, name, **labels) - _sample(before, name, **labels)
+
+    assert grew("app_requests_total", model=MODEL, endpoint="/v1/chat/completions", status="200") >= 2
+    assert grew("app_refusals_total", model=MODEL, reason="context_length_exceeded") == 1
+    assert grew("app_client_disconnects_total", model=MODEL) == 1
+    assert grew("app_time_to_first_token_seconds_count", model=MODEL) >= 2
+    assert grew("app_inter_token_latency_seconds_count", model=MODEL) >= 4
+    assert grew("vllm:generation_tokens_total", model_name=MODEL) >= 5
+    assert _sample(after, "vllm:num_requests_running", model_name=MODEL) == 0
+    assert _sample(after, "app_queue_depth", model_name=MODEL) == 0
+    assert _sample(after, "app_engine_healthy", model_name=MODEL) == 1
+
+
+def test_json_logs_carry_the_request_id_from_ingress_to_engine(service, http):
+    trace = f"trace-{uuid.uuid4().hex}"
+    r = http.post("/v1/chat/completions", headers={"X-Request-Id": trace},
+                  json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
+    assert r.status_code == 200 and r.headers["x-request-id"] == trace
+    found: dict[str, dict] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(found) < 2:
+        for line in service.log_path.read_text(errors="replace").splitlines():
+            if trace not in line:
+                continue
+            match = re.search(r"\{.*\}\s*$", line)  # Ray prefixes forwarded replica lines with "(Replica pid=...)"
+            if match:
+                record = json.loads(match.group(0))
+                found[record["logger"]] = record
+        time.sleep(0.5)
+    assert found["app.access"]["request_id"] == trace and found["app.access"]["status"] == 200
+    assert found["app.server"]["trace_id"] == trace and found["app.server"]["outcome"] == "finished"
+    assert found["app.server"]["generated_tokens"] == 3

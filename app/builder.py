@@ -16,7 +16,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
+from app.config import AppConfig, ConfigError, ModelConfig, ServiceConfig, load_config, parse_config
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
 from app.ingress import create_app
 from app.logs import configure_logging
@@ -82,9 +82,38 @@ class HandleBackend:
         return await self._call("stats")
 
 
+def _keep_replica_port_on_loopback() -> None:
+    """Ray Serve 2.60 binds every replica's inter-deployment gRPC server to [::] (all interfaces),
+    whatever the node IP. On a loopback-only node (the CLI's private Ray) bind it to 127.0.0.1 too,
+    so a local service opens no port to the network. On a cluster node this changes nothing."""
+    import ray
+    from ray.serve._private import replica
+
+    if ray.util.get_node_ip_address() not in ("127.0.0.1", "::1"):
+        return
+    original = replica.add_port_to_grpc_server
+    if getattr(original, "loopback_only", False):
+        return
+
+    def add_port_on_loopback(server, address: str):
+        return original(server, address.replace("[::]", "127.0.0.1"))
+
+    add_port_on_loopback.loopback_only = True
+    replica.add_port_to_grpc_server = add_port_on_loopback
+
+
+class EngineReplica(EngineHost):
+    """`EngineHost` as a Ray Serve replica."""
+
+    def __init__(self, model: ModelConfig, service: ServiceConfig):
+        _keep_replica_port_on_loopback()
+        super().__init__(model, service)
+
+
 @serve.ingress()
 class Ingress:
     def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle]):
+        _keep_replica_port_on_loopback()
         configure_logging(config.service.log_level)
         self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=False)
 
@@ -98,7 +127,7 @@ class Ingress:
 
 def _engine_deployment(model: ModelConfig, config: AppConfig):
     dep = model.deployment
-    return serve.deployment(EngineHost).options(
+    return serve.deployment(EngineReplica).options(
         name=engine_deployment_name(model.id),
         num_replicas=dep.num_replicas,
         ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},

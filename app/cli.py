@@ -105,16 +105,20 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
 
     _become_subreaper()
     started = time.monotonic()
+    own_ray = not os.environ.get("RAY_ADDRESS")
+    if own_ray:
+        # Ray binds its servers (GCS, raylet, workers, agents) to the node IP; with this set before
+        # `import ray`, a local node's IP is loopback, so no Ray port is reachable from the network.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray import serve
 
     from app.builder import INGRESS_NAME, build_from_config
 
-    own_ray = not os.environ.get("RAY_ADDRESS")
     try:
         if own_ray:
             # A private, loopback-only Ray: no dashboard, nothing listening beyond 127.0.0.1.
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+            ray.init(address="local", include_dashboard=False,
                      num_cpus=os.cpu_count(), logging_level=logging.WARNING)
         else:
             ray.init(logging_level=logging.WARNING)

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.conftest import MODEL
@@ -68,3 +69,12 @@ def test_json_logs_carry_the_request_id_from_ingress_to_engine(service, http):
     assert found["app.access"]["request_id"] == trace and found["app.access"]["status"] == 200
     assert found["app.server"]["trace_id"] == trace and found["app.server"]["outcome"] == "finished"
     assert found["app.server"]["generated_tokens"] == 3
+
+
+def test_every_port_the_service_opens_is_on_loopback(service):
+    pids = {service.proc.pid} | {p.pid for p in psutil.Process(service.proc.pid).children(recursive=True)}
+    listening = [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert listening, "found no listening sockets at all"
+    exposed = [(c.laddr.ip, c.laddr.port, " ".join(psutil.Process(c.pid).cmdline())[:80])
+               for c in listening if c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert exposed == []

@@ -150,6 +150,43 @@ async def test_stream_error_after_start_is_error_event_then_done(make_stack):
     assert stack.host.admission.stats().in_system == 0
 
 
+class BrokenEngine(FakeEngine):
+    """Fails with an unexpected (non-service) error after `after` deltas."""
+
+    def __init__(self, after: int, **kw):
+        super().__init__(**kw)
+        self.after = after
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        count = 0
+        async for delta in super().generate(request_id, prompt_token_ids, params):
+            if count == self.after:
+                raise RuntimeError("boom")
+            yield delta
+            count += 1
+
+
+async def test_unexpected_error_is_500_in_openai_shape(make_stack):
+    stack = make_stack(engine=BrokenEngine(after=0, max_model_len=MAX_MODEL_LEN))
+    transport = httpx.ASGITransport(app=stack.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        resp = await client.post("/v1/chat/completions", json=chat_body())
+    err = error_of(resp, 500)
+    assert err["type"] == "internal_error"
+    assert "boom" not in err["message"]  # internals stay in the log
+    assert stack.host.admission.stats().in_system == 0
+
+
+async def test_unexpected_error_mid_stream_is_error_event_then_done(make_stack):
+    stack = make_stack(engine=BrokenEngine(after=2, max_model_len=MAX_MODEL_LEN))
+    out = events(await stack.client.post("/v1/chat/completions", json=chat_body(stream=True)))
+    assert out[-1] == "[DONE]"
+    assert out[-2]["error"]["type"] == "internal_error"
+    assert len(out) == 4  # two content chunks, the error, [DONE]
+    assert stack.host.admission.stats().in_system == 0
+    assert stack.engine.running == set()
+
+
 # -- completions ---------------------------------------------------------------------------
 
 async def test_completion(client):

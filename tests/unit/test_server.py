@@ -148,7 +148,7 @@ async def test_deadline_passed_is_request_timeout(host, engine):
 async def test_deadline_mid_stream_is_request_timeout():
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.02)
     host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
-    request = make_request("hello", deadline_s=0.15, max_tokens=100, ignore_eos=True)
+    request = make_request("hello", deadline_s=0.3, max_tokens=100, ignore_eos=True)
     seen = []
     with pytest.raises(RequestTimeout):
         async for item in host.generate(request):
@@ -260,3 +260,25 @@ async def test_token_budget_defaults_to_kv_cache():
     assert host.admission.token_budget == 1234
     host = EngineHost(make_config(deployment={"token_budget": 99}).models[0], ServiceConfig(), engine=FakeEngine())
     assert host.admission.token_budget == 99
+
+
+class DeadOnceEngine(FakeEngine):
+    """Raises EngineDead from generate, while its own check_health still passes: the host must remember."""
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        from app.engine import EngineDead
+
+        raise EngineDead("lost the worker process")
+        yield  # pragma: no cover
+
+
+async def test_host_remembers_a_dead_engine():
+    engine = DeadOnceEngine(max_model_len=MAX_MODEL_LEN)
+    host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
+    await engine.check_health()
+    with pytest.raises(ServiceUnavailable):
+        await anext(host.generate(make_request("hello")))
+    await engine.check_health()  # the engine itself claims to be fine ...
+    with pytest.raises(Exception, match="lost the worker process"):
+        await host.check_health()  # ... but the replica must be replaced
+    assert_idle(host)

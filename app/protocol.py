@@ -81,6 +81,8 @@ class _Request(BaseModel):
                     continue
                 raise UnsupportedParameter(f"'{name}' is not supported by this service; remove it from the request (see docs/api.md)", param=name)
             raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         return self
 
     def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:

@@ -229,3 +229,16 @@ def test_sampling_params_pass_through():
 def test_out_of_range_sampling_values(field, value):
     with pytest.raises(ValidationError):
         chat(**{field: value})
+
+
+def test_stream_options_without_stream_is_refused():
+    import pytest as _pytest
+
+    from app.errors import InvalidRequest
+    from app.protocol import ChatCompletionRequest
+
+    with _pytest.raises(InvalidRequest) as err:
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream_options={"include_usage": True})
+    assert err.value.param == "stream_options"
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                 stream_options={"include_usage": True}).include_usage

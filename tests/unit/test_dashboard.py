@@ -1,0 +1,43 @@
+"""The Grafana dashboard only queries metrics the service really exports."""
+
+import json
+import re
+from pathlib import Path
+
+from app.metrics import Metrics, _Snapshot
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"
+STATS = {"m": {"healthy": True, "admission": {"waiting": 0, "running": 0, "tokens_in_use": 0, "token_budget": 1,
+                                               "refused_queue_full": 0, "refused_queue_timeout": 0},
+               "engine": {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "preemptions_total": 0,
+                          "prompt_tokens_total": 0, "generation_tokens_total": 0}}}
+
+
+def _exported_names() -> set[str]:
+    text = Metrics().render(STATS).decode()
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            names.add(name)
+            if kind == "counter":
+                names.add(name + "_total")
+            if kind == "histogram":
+                names |= {name + "_bucket", name + "_count", name + "_sum"}
+    return names
+
+
+def test_every_dashboard_query_uses_an_exported_metric():
+    exported = _exported_names()
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            used |= set(re.findall(r"\b((?:app_|vllm:)[A-Za-z0-9_:]+)\{", target["expr"]))
+    assert used, "the dashboard queries nothing"
+    assert used <= exported, f"not exported: {sorted(used - exported)}"
+
+
+def test_engine_snapshot_is_labelled_by_model():
+    families = list(_Snapshot(STATS).collect())
+    assert families and all(s.labels == {"model_name": "m"} for f in families for s in f.samples)

@@ -110,6 +110,8 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
         # Ray binds its servers (GCS, raylet, workers, agents) to the node IP; with this set before
         # `import ray`, a local node's IP is loopback, so no Ray port is reachable from the network.
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Ray folds log lines it deems similar into "[repeated Nx]"; per-request JSON lines must all get through.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
     from ray import serve
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -61,8 +62,17 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(..., max_length=1_000_000)
 
 
+class _JSONResponse(JSONResponse):
+    """JSONResponse that survives a client's lone surrogates ("\\ud800" is legal JSON, not UTF-8): they go
+    back as the same JSON escape instead of a UnicodeEncodeError (a 500) when echoed in an error or a prompt."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                          separators=(",", ":")).encode("utf-8", "backslashreplace")
+
+
 def _error_response(err: ServiceError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+    return _JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
 
 class Lifecycle:
@@ -248,17 +258,20 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
         try:
             result = await responder.collect(stream)
             timer.done(time.perf_counter())
-            return JSONResponse(result)
+            return _JSONResponse(result)
         finally:
             if not timer.finished:
                 timer.client_left(request.url.path)
             await stream.aclose()
 
-    @api.post("/v1/chat/completions")
+    # The OpenAPI document names both bodies a generation route answers with; /metrics is Prometheus text.
+    streamed = {200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}}
+
+    @api.post("/v1/chat/completions", responses=streamed)
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         return await _generate(request, body, ChatShape(), "chatcmpl")
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", responses=streamed)
     async def completions(request: Request, body: CompletionRequest):
         shape = CompletionShape(echo_text=(body.prompt if isinstance(body.prompt, str) else "") if body.echo else None)
         if body.echo and isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
@@ -314,7 +327,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     async def stats():
         return {model_id: await b.stats() for model_id, b in backends.items()}
 
-    @api.get("/metrics")
+    @api.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics():
         per_model = {}
         for model_id, b in backends.items():

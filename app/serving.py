@@ -50,6 +50,7 @@ class CompletionShape:
 
     def __init__(self, echo_text: str | None = None):
         self.echo_text = echo_text
+        self._offsets: dict[int, int] = {}  # choice index -> where its next streamed text starts
 
     @staticmethod
     def logprobs(lps, offset: int = 0) -> dict[str, Any]:
@@ -62,13 +63,15 @@ class CompletionShape:
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         text = (self.echo_text or "") + c.text if first else c.text
+        start = self._offsets.get(c.index, len(self.echo_text or ""))  # text_offset counts from the choice's whole text
+        self._offsets[c.index] = start + len(c.text)
         return {"index": c.index, "text": text,
-                "logprobs": self.logprobs(c.logprobs) if c.logprobs is not None else None,
+                "logprobs": self.logprobs(c.logprobs, start) if c.logprobs is not None else None,
                 "finish_reason": c.finish_reason}
 
     def full_choice(self, acc: "_ChoiceState") -> dict[str, Any]:
         return {"index": acc.index, "text": (self.echo_text or "") + acc.text,
-                "logprobs": self.logprobs(acc.logprobs) if acc.logprobs is not None else None,
+                "logprobs": self.logprobs(acc.logprobs, len(self.echo_text or "")) if acc.logprobs is not None else None,
                 "finish_reason": acc.finish_reason}
 
 

@@ -17,7 +17,7 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _encode(payload).encode() + b"\n\n"
+    return b"data: " + _encode(payload).encode("utf-8", "backslashreplace") + b"\n\n"  # lone surrogates: JSON escapes
 
 
 def error_event(body: dict[str, Any]) -> bytes:

@@ -96,8 +96,13 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
 
 
 def _logprobs(completion, top_k: int) -> tuple[TokenLogprob, ...]:
+    pairs = list(zip(completion.token_ids, completion.logprobs or ()))
+    if pairs and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
+        # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text, so leave
+        # it out of the logprobs too; the tokens then spell the text, as OpenAI's do.
+        pairs.pop()
     out = []
-    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or ()):
+    for token_id, alternatives in pairs:
         chosen = alternatives[token_id]
         ranked = sorted(alternatives.values(), key=lambda lp: lp.rank)[:top_k]
         out.append(TokenLogprob(

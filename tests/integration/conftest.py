@@ -20,6 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-integration"
 MODEL = "smollm2-135m-instruct"
+SECOND_MODEL = "smollm2-short"
 # Small limits so overload and queueing are reachable with a handful of requests.
 MAX_ONGOING = 4
 MAX_QUEUED = 4
@@ -55,10 +56,10 @@ class Service:
         self.started_at = started_at
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
 
-    def stats(self) -> dict:
+    def stats(self, model: str = MODEL) -> dict:
         r = httpx.get(f"{self.base_url}/stats", headers=self.headers, timeout=30)
         r.raise_for_status()
-        return r.json()[MODEL]
+        return r.json()[model]
 
     def wait_idle(self, timeout_s: float = 30) -> dict:
         """Wait until no request is in the engine or the admission queue; return the last stats."""
@@ -92,6 +93,13 @@ def write_config(tmp: Path, port: int) -> Path:
     model["engine"].update({"kv_cache_gib": 1, "max_num_seqs": 16})
     model["deployment"].update({"max_ongoing_requests": MAX_ONGOING, "max_queued_requests": MAX_QUEUED,
                                 "queue_timeout_s": 60, "health_check_period_s": 2, "health_check_timeout_s": 10})
+    # The same weights served a second time, under another name, with tighter limits: its own engine deployment.
+    config["models"].append({
+        "id": SECOND_MODEL, "source": "default",
+        "engine": {**model["engine"], "max_model_len": 1024},
+        "deployment": {**model["deployment"], "max_ongoing_requests": 2, "max_queued_requests": 2},
+        "limits": {"max_tokens": 16, "default_max_tokens": 8, "max_n": 1},
+    })
     path = tmp / "integration.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -12,19 +12,24 @@ import psutil
 import pytest
 
 from app import sse
-from tests.integration.conftest import MODEL
+from app.builder import engine_deployment_name
+from tests.integration.conftest import MODEL, SECOND_MODEL
 
 pytestmark = pytest.mark.integration
 
 RECOVERY_TIMEOUT_S = 300
 
 
-def _engine_cores(service) -> list[psutil.Process]:
+def _engine_cores(service, model: str = MODEL) -> list[psutil.Process]:
+    """Live EngineCore processes under the replica(s) of `model`'s engine deployment."""
     found = []
-    for p in psutil.Process(service.proc.pid).children(recursive=True):
+    for replica in psutil.Process(service.proc.pid).children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "EngineCore" in " ".join(p.cmdline()) + p.name():
-                found.append(p)
+            if f"ServeReplica:llm:{engine_deployment_name(model)}" not in replica.name() + " ".join(replica.cmdline()):
+                continue
+            for p in replica.children(recursive=True):
+                if p.status() != psutil.STATUS_ZOMBIE and "EngineCore" in " ".join(p.cmdline()) + p.name():
+                    found.append(p)
         except psutil.NoSuchProcess:
             pass
     return found
@@ -85,3 +90,4 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
     print(f"service answered again {recovered_s:.1f} s after the engine was killed")
     assert httpx.get(f"{service.base_url}/health", timeout=10).status_code == 200
     assert len(_engine_cores(service)) == 1  # the dead engine was replaced, not duplicated
+    assert len(_engine_cores(service, SECOND_MODEL)) == 1  # the other model's engine was never touched

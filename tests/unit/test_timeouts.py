@@ -1,0 +1,70 @@
+"""Timeouts over HTTP: a queue wait too long is a 503, a request too long a 504 (or an error event),
+and in every case the engine request is aborted and no slot leaks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app import sse
+from app.fake_engine import FakeEngine
+from tests.unit.unit_support import chat_body, make_config
+
+LONG = dict(max_tokens=100, ignore_eos=True)
+
+
+def _assert_clean(stack) -> None:
+    stats = stack.host.admission.stats()
+    assert stack.engine.running == set()
+    assert (stats.in_system, stats.running, stats.waiting) == (0, 0, 0)
+
+
+async def test_non_stream_past_request_timeout_is_504_and_aborted(make_stack):
+    stack = make_stack(make_config(service={"request_timeout_s": 0.3}), FakeEngine(max_model_len=256, token_delay_s=0.02))
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(**LONG))
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "request_timeout"
+    assert len(stack.engine.aborted) == 1
+    _assert_clean(stack)
+
+
+async def test_stream_past_request_timeout_ends_with_error_event_and_done(make_stack):
+    stack = make_stack(make_config(service={"request_timeout_s": 0.3}), FakeEngine(max_model_len=256, token_delay_s=0.02))
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(stream=True, **LONG))
+    assert r.status_code == 200
+    events = sse.parse(r.text)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "request_timeout"
+    assert len([e for e in events[:-2] if "choices" in e]) >= 3  # it really streamed before the deadline
+    assert len(stack.engine.aborted) == 1
+    _assert_clean(stack)
+
+
+async def test_queue_wait_past_queue_timeout_is_503_with_retry_after(make_stack):
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 2, "queue_timeout_s": 0.2})
+    stack = make_stack(config, FakeEngine(max_model_len=256, token_delay_s=0.02))
+    holder = asyncio.create_task(stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=40, ignore_eos=True)))
+    await asyncio.sleep(0.05)
+    waited = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=5))
+    assert waited.status_code == 503
+    assert waited.json()["error"]["code"] == "queue_timeout"
+    assert int(waited.headers["retry-after"]) >= 1
+    assert (await holder).status_code == 200
+    assert stack.host.admission.stats().refused_queue_timeout == 1
+    _assert_clean(stack)
+
+
+async def test_refusal_does_no_work(make_stack):
+    """A full queue refuses before the prompt is rendered or the engine is called."""
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
+    engine = FakeEngine(max_model_len=256, token_delay_s=0.02)
+    stack = make_stack(config, engine)
+    rendered = []
+    original = engine.render_chat
+    engine.render_chat = lambda messages: rendered.append(1) or original(messages)
+    holder = asyncio.create_task(stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=20, ignore_eos=True)))
+    await asyncio.sleep(0.05)
+    refused = await stack.client.post("/v1/chat/completions", json=chat_body(content="x" * 100_000))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert len(rendered) == 1  # only the holder's prompt was ever rendered
+    assert (await holder).status_code == 200
+    _assert_clean(stack)

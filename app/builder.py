@@ -9,10 +9,11 @@ calls the same function.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from ray import serve
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
@@ -41,6 +42,8 @@ def _translate(err: BaseException) -> BaseException:
         return err
     if isinstance(err, BackPressureError):
         return QueueFull("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
+    if isinstance(err, TaskCancelledError):  # the call was cancelled under us (replica stopping); not a server bug
+        return ServiceUnavailable("The request was cancelled by the serving layer; retry", retry_after_s=1)
     if isinstance(err, _UNAVAILABLE):
         return ServiceUnavailable("No engine replica is available for this model right now; retry shortly", retry_after_s=5)
     return err
@@ -57,11 +60,16 @@ class HandleBackend:
         response = self._stream.generate.remote(request)
         try:
             async for item in response:
+                if isinstance(item, Refused):
+                    raise item.error
                 yield item
         except Exception as err:
             raise _translate(err) from None
         finally:
-            response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
+            try:
+                response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
+            except Exception:  # cancel() re-raises a failed assignment (BackPressureError), already answered above
+                pass
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -102,12 +110,27 @@ def _keep_replica_port_on_loopback() -> None:
     replica.add_port_to_grpc_server = add_port_on_loopback
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
+    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests."""
+
+    error: ServiceError
+
+
 class EngineReplica(EngineHost):
     """`EngineHost` as a Ray Serve replica."""
 
     def __init__(self, model: ModelConfig, service: ServiceConfig):
         _keep_replica_port_on_loopback()
         super().__init__(model, service)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Any]:
+        try:
+            async for item in super().generate(request):
+                yield item
+        except ServiceError as err:
+            yield Refused(err)
 
 
 @serve.ingress()

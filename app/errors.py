@@ -90,6 +90,11 @@ class QueueFullUnavailable(QueueFull):
     type = "service_unavailable"
 
 
+def queue_full_class(status: int) -> type[QueueFull]:
+    """The 'queue full' refusal for the configured status (429 or 503)."""
+    return QueueFull if status == 429 else QueueFullUnavailable
+
+
 class QueueTimeout(ServiceError):
     status = 503
     type = "service_unavailable"

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import sse
 from app.config import AppConfig, ModelConfig
 from app.errors import (InternalError, InvalidRequest, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge,
-                        ServiceError, ServiceUnavailable, Unauthorized)
+                        ServiceError, ServiceUnavailable, Unauthorized, queue_full_class)
 from app.protocol import Admitted, ChatCompletionRequest, CompletionRequest, GenerateRequest, PromptInput
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.metrics import Metrics, RequestTimer
@@ -73,6 +73,34 @@ class _JSONResponse(JSONResponse):
 
 def _error_response(err: ServiceError) -> JSONResponse:
     return _JSONResponse(err.body(), status_code=err.status, headers=err.headers())
+
+
+class Capacity:
+    """What this ingress has in flight per model, against what the model's replicas can hold at most
+    (replicas x (max_ongoing + max_queued)). Past that, the replicas would refuse anyway: refusing
+    here costs no Ray call, so a refusal stays cheap when it matters most, under overload. The
+    replicas' own admission remains the authority (with several ingress replicas this is per ingress)."""
+
+    def __init__(self, config: AppConfig):
+        self.limit = {m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
+                       for m in config.models}
+        self.inflight = {m.id: 0 for m in config.models}
+        self._refusal = queue_full_class(config.service.refusal_status)
+
+    async def track(self, model_id: str, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """`stream`, counted from its first `anext` until it is closed, however that happens: by the
+        end of the stream, an error, the client leaving, or garbage collection of a body never sent."""
+        if self.inflight[model_id] >= self.limit[model_id]:
+            await stream.aclose()
+            raise self._refusal(f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
+                                "retry after the Retry-After delay, with backoff", retry_after_s=1)
+        self.inflight[model_id] += 1
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            self.inflight[model_id] -= 1
+            await stream.aclose()
 
 
 class Lifecycle:
@@ -186,6 +214,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     models: dict[str, ModelConfig] = {m.id: m for m in config.models}
     timeout_s = config.service.request_timeout_s
     metrics = Metrics()
+    capacity = api.state.capacity = Capacity(config)
 
     # -- errors: every one in the OpenAI shape --------------------------------
 
@@ -242,7 +271,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
             trace_id=request.state.request_id,
         )
         timer = RequestTimer(metrics, model.id, request.state.arrived)
-        stream = backend.generate(engine_request)
+        stream = capacity.track(model.id, backend.generate(engine_request))  # a full service refuses here, no Ray call
         try:
             admitted: Admitted = await anext(stream)  # validation and admission errors surface here, before the 200
         except BaseException:

@@ -20,8 +20,8 @@ from app.admission import Admission
 from app.config import ModelConfig, ServiceConfig
 from app.logs import configure_logging
 from app.engine import Engine, EngineDead, EngineRejected, GenerationDelta, make_engine
-from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, RequestTimeout,
-                        ServiceError, ServiceUnavailable)
+from app.errors import (ContextLengthExceeded, InvalidRequest, RequestTimeout, ServiceError, ServiceUnavailable,
+                        queue_full_class)
 from app.protocol import Admitted, GenerateRequest, PromptInput
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class EngineHost:
             max_queued=dep.max_queued_requests,
             token_budget=dep.token_budget or self.engine.kv_cache_tokens or 2**62,
             queue_timeout_s=dep.queue_timeout_s,
-            refusal=QueueFull if service.refusal_status == 429 else QueueFullUnavailable,
+            refusal=queue_full_class(service.refusal_status),
         )
         self._dead: str | None = None
         log.info("model %s ready in %.1f s; token budget %d", model.id, time.monotonic() - started, self.admission.token_budget)
@@ -59,7 +59,7 @@ class EngineHost:
             params = self._fit_to_context(len(prompt_ids), request)
             remaining = request.deadline - time.time()
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, remaining)
-            prompt_text = self.engine.decode(prompt_ids) if request.prompt.token_ids is not None and request.want_prompt_text else None
+            prompt_text = self._decode(prompt_ids, "prompt") if request.prompt.token_ids is not None and request.want_prompt_text else None
             deltas = self._run(request.request_id, prompt_ids, params, request.deadline)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
@@ -161,7 +161,13 @@ class EngineHost:
         return await asyncio.to_thread(self._render, prompt)
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        return self.engine.decode(token_ids)
+        return self._decode(token_ids, "tokens")
+
+    def _decode(self, token_ids: list[int], param: str) -> str:
+        try:
+            return self.engine.decode(token_ids)
+        except Exception as err:  # e.g. an id past the tokenizer's integer type (HF: OverflowError for >= 2**32)
+            raise InvalidRequest(f"the token ids could not be decoded by this model's tokenizer: {err}", param=param) from None
 
     async def check_health(self) -> None:
         """Ray Serve's liveness probe: cheap, and never fails because the engine is busy."""

@@ -65,4 +65,7 @@ def test_service_answers_normally_after_overload(service, client):
                                        temperature=0, max_tokens=20)
     assert "Paris" in r.choices[0].message.content
     stats = service.wait_idle()
-    assert stats["admission"]["refused_queue_full"] >= 2  # the refusals were counted where they happened
+    assert stats["admission"]["in_system"] == 0
+    metrics = httpx.get(f"{service.base_url}/metrics").text
+    refused = [line for line in metrics.splitlines() if line.startswith("app_refusals_total") and 'reason="queue_full"' in line]
+    assert refused and sum(float(line.rsplit(" ", 1)[1]) for line in refused) >= 2  # the refusals above were counted

@@ -68,3 +68,21 @@ async def test_refusal_does_no_work(make_stack):
     assert len(rendered) == 1  # only the holder's prompt was ever rendered
     assert (await holder).status_code == 200
     _assert_clean(stack)
+
+
+async def test_ingress_refuses_past_capacity_without_calling_the_replica(make_stack):
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 1})
+    stack = make_stack(config, FakeEngine(max_model_len=256, token_delay_s=0.02))
+    capacity = stack.app.state.capacity
+    holders = [asyncio.create_task(stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=20, ignore_eos=True)))
+               for _ in range(2)]
+    await asyncio.sleep(0.05)
+    assert capacity.inflight["fake-model"] == 2
+    refused = await stack.client.post("/v1/chat/completions", json=chat_body(stream=True))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert stack.host.admission.stats().refused_queue_full == 0  # the replica never saw it
+    assert [(await h).status_code for h in holders] == [200, 200]
+    assert capacity.inflight["fake-model"] == 0  # nothing leaked: served, refused, streamed
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=3))
+    assert r.status_code == 200 and capacity.inflight["fake-model"] == 0

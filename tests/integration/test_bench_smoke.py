@@ -1,0 +1,68 @@
+"""Smoke test for scripts/bench.py: the cheapest real path, end to end.
+
+`scripts/bench.py --quick --systems naive` starts the naive FastAPI baseline (no vLLM engine,
+up in seconds), drives it with vLLM's own load generator (a handful of short requests at one
+concurrency), stops it, and writes the report and plots. The report's table must have a row
+with nonzero throughput and no failed request, and nothing the run started may be left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET_S = 90
+
+pytestmark = pytest.mark.integration
+
+
+def _table_rows(markdown: str) -> list[dict[str, str]]:
+    """The first Markdown table under '## Results', as dicts keyed by its header."""
+    section = markdown.split("## Results", 1)[1]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        if line.startswith("|---"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def test_bench_quick_naive(tmp_path: Path):
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive",
+         "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "raw"), "--startup-timeout", "60"],
+        cwd=REPO, capture_output=True, text=True, timeout=BUDGET_S + 30,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"bench.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert elapsed < BUDGET_S, f"the quick bench took {elapsed:.0f} s"
+
+    report = (tmp_path / "benchmarks.md").read_text()
+    rows = [r for r in _table_rows(report) if r["System"] == "naive baseline"]
+    assert rows, f"no naive row in the results table:\n{report}"
+    row = rows[0]
+    assert float(row["Output tok/s"]) > 0, row
+    assert float(row["Req/s"]) > 0, row
+    assert int(row["Failed"]) == 0, row
+    assert "Reduced smoke run" in report
+    for name in ("bench_throughput.png", "bench_ttft.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name
+
+    results = json.loads((tmp_path / "raw" / "results.json").read_text())
+    (run,) = results["runs"]
+    assert run["port"] != 8000
+    assert "--port 8000 " not in run["rows"][0]["load_command"] + " "
+    assert run["rows"][0]["completed"] == 4 and run["rows"][0]["failed"] == 0
+    assert "no process left behind" in run["stop_report"], run["stop_report"]

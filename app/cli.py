@@ -115,7 +115,7 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
     import ray
     from ray import serve
 
-    from app.builder import INGRESS_NAME, build_from_config
+    from app.builder import build_from_config, ingress_deployment_name
 
     try:
         if own_ray:
@@ -143,7 +143,7 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
                 _reap_zombies()
         _say(f"stopping (signal {received[0] if received else '-'}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
         try:
-            left = serve.get_deployment_handle(INGRESS_NAME, APP_NAME).drain.remote(config.service.drain_grace_s).result(
+            left = serve.get_deployment_handle(ingress_deployment_name(config), APP_NAME).drain.remote(config.service.drain_grace_s).result(
                 timeout_s=config.service.drain_grace_s + 10)
             if left:
                 _say(f"{left} request(s) still in flight after the grace period; stopping them")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.config import LimitsConfig
 from app.engine import GenerationParams
@@ -19,6 +19,7 @@ from app.errors import InvalidRequest, UnsupportedParameter
 
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
+MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
 # Known OpenAI parameters this service does not implement: a 400 that says so.
 UNSUPPORTED_PARAMETERS = (
     "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "logit_bias",
@@ -157,6 +158,19 @@ class JsonSchemaSpec(BaseModel):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
     description: str | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _not_too_deep(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        # vLLM refuses deeper schemas anyway; refused here, a deep one never reaches the Ray handle,
+        # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
+        level: list[Any] = [schema] if schema else []
+        for _ in range(MAX_JSON_SCHEMA_NESTING):
+            level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                     if isinstance(child, (dict, list))]
+            if not level:
+                return schema
+        raise ValueError(f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels")
 
 
 class ResponseFormat(BaseModel):

@@ -188,7 +188,7 @@ class EngineHost:
             "kv_cache_tokens": self.engine.kv_cache_tokens,
         }
 
-    def drain(self) -> None:
+    def close_admission(self) -> None:
         self.admission.close("the service is shutting down; retry on another instance")
 
     def __del__(self):

@@ -168,8 +168,20 @@ class VLLMEngine:
                 ))
         except VLLMValidationError as err:
             raise EngineRejected(str(err)) from None
-        except (EngineDeadError, EngineGenerateError) as err:
+        except EngineDeadError as err:
             raise EngineDead(f"the engine failed: {err}") from None
+        except EngineGenerateError as err:
+            # vLLM's per-request failure ("possibly recoverable"; the request is already aborted). Only an
+            # engine that says it has errored is dead: one odd request must not get the replica replaced.
+            cause = err.__cause__
+            if self._llm is None or self._llm.errored:
+                raise EngineDead(f"the engine failed: {cause!r}") from None
+            # Failing to hand the request to the engine core, vLLM has already registered it and never aborts
+            # it: it would count as running forever. Abort it by our id (a no-op when vLLM did abort it).
+            await self.abort(request_id)
+            if isinstance(cause, (ValueError, TypeError)):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
+                raise EngineRejected(f"the engine could not take this request: {cause}") from None
+            raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and not self._llm.errored:

@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import annotated_types
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

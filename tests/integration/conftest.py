@@ -10,7 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import psutil
@@ -28,7 +30,7 @@ STARTUP_TIMEOUT_S = 420
 SERVICE_PROCESS_MARKERS = ("VLLM::EngineCore", "VLLM::Worker", "raylet", "gcs_server", "ray::", "ServeReplica", "ServeController")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -86,30 +88,36 @@ class Service:
         return False
 
 
-def write_config(tmp: Path, port: int) -> Path:
+def base_config(port: int) -> dict:
+    """The default config (one model, so HTTP is served by the engine replicas themselves) with test limits."""
     config = yaml.safe_load((REPO / "configs" / "cpu.yaml").read_text())
     config["service"].update({"port": port, "api_keys": [API_KEY], "request_timeout_s": 120, "drain_grace_s": 10})
     model = config["models"][0]
     model["engine"].update({"kv_cache_gib": 1, "max_num_seqs": 16})
     model["deployment"].update({"max_ongoing_requests": MAX_ONGOING, "max_queued_requests": MAX_QUEUED,
                                 "queue_timeout_s": 60, "health_check_period_s": 2, "health_check_timeout_s": 10})
-    # The same weights served a second time, under another name, with tighter limits: its own engine deployment.
+    return config
+
+
+def with_second_model(config: dict) -> dict:
+    """The same weights served a second time, under another name, with tighter limits: two engine
+    deployments behind a separate ingress that routes by `model` (the multi-model topology)."""
+    model = config["models"][0]
     config["models"].append({
         "id": SECOND_MODEL, "source": "default",
         "engine": {**model["engine"], "max_model_len": 1024},
         "deployment": {**model["deployment"], "max_ongoing_requests": 2, "max_queued_requests": 2},
         "limits": {"max_tokens": 16, "default_max_tokens": 8, "max_n": 1},
     })
-    path = tmp / "integration.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return config
 
 
-@pytest.fixture(scope="session")
-def service(tmp_path_factory) -> Service:
-    tmp = tmp_path_factory.mktemp("stack")
-    port = _free_port()
-    config_path = write_config(tmp, port)
+@contextmanager
+def running_stack(tmp: Path, config: dict) -> Iterator[Service]:
+    """`python -m app serve` on `config`, healthy, for the duration of the block; then Ctrl-C."""
+    port = config["service"]["port"]
+    config_path = tmp / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
     log_path = tmp / "service.log"
     started_at = time.time()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "APP_API_KEYS")}
@@ -128,6 +136,13 @@ def service(tmp_path_factory) -> Service:
         yield svc
     finally:
         stop_service(svc)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory) -> Iterator[Service]:
+    with running_stack(tmp_path_factory.mktemp("stack"), base_config(free_port())) as svc:
+        yield svc
+
 
 
 def stop_service(svc: Service) -> None:

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from app import sse
-from tests.integration.conftest import API_KEY, MODEL
+from tests.integration.conftest import MODEL
 
 pytestmark = pytest.mark.integration
 

@@ -1,32 +1,66 @@
-"""Two models from one config, each in its own engine deployment, routed by `model`."""
+"""Two models from one config, each in its own engine deployment, behind a separate ingress that
+routes by `model`. Its own stack (the session's main stack serves one model)."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL, SECOND_MODEL
+from tests.integration.conftest import API_KEY, MODEL, SECOND_MODEL, base_config, free_port, running_stack, with_second_model
 
 pytestmark = pytest.mark.integration
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_both_models_are_listed(client):
-    assert [m.id for m in client.models.list().data] == [MODEL, SECOND_MODEL]
-    assert client.models.retrieve(SECOND_MODEL).model_extra["max_model_len"] == 1024
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory):
+    config = with_second_model(base_config(free_port()))
+    with running_stack(tmp_path_factory.mktemp("multi"), config) as svc:
+        yield svc
 
 
-def test_requests_are_routed_by_model_with_each_models_limits(service, client):
-    before = {m: service.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
-    r = client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, temperature=0)
+@pytest.fixture(scope="module")
+def multi_client(multi):
+    with openai.OpenAI(base_url=f"{multi.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120) as c:
+        yield c
+
+
+def test_both_models_are_listed(multi_client):
+    assert [m.id for m in multi_client.models.list().data] == [MODEL, SECOND_MODEL]
+    assert multi_client.models.retrieve(SECOND_MODEL).model_extra["max_model_len"] == 1024
+
+
+def test_requests_are_routed_by_model_with_each_models_limits(multi, multi_client):
+    before = {m: multi.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
+    r = multi_client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, temperature=0)
     assert r.model == SECOND_MODEL
     assert r.usage.completion_tokens <= 8  # the second model's default_max_tokens
     assert "Paris" in r.choices[0].message.content
-    after = {m: service.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
+    after = {m: multi.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
     assert after[SECOND_MODEL] > before[SECOND_MODEL] and after[MODEL] == before[MODEL]  # only its engine worked
 
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, max_tokens=20)
+        multi_client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, max_tokens=20)
     assert err.value.body["param"] == "max_tokens" and "at most 16" in err.value.body["message"]
-    assert client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0).usage.completion_tokens <= 20
+    r = multi_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+    assert r.model == MODEL and "Paris" in r.choices[0].message.content
+
+
+def test_stream_disconnect_is_aborted_across_the_ingress_hop(multi):
+    """In this topology tokens cross a Ray handle; a client that leaves must still stop the engine."""
+    import httpx
+
+    before = multi.stats()["engine"]["generation_tokens_total"]
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=multi.base_url, headers=multi.headers, timeout=60) as c:
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                seen += line.startswith("data: ")
+                if seen >= 3:
+                    break
+    idle = multi.wait_idle(timeout_s=15)
+    assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0
+    assert idle["engine"]["generation_tokens_total"] - before < 1000

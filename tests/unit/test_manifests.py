@@ -42,7 +42,7 @@ from ray.serve._private.build_app import build_app as serve_build_app
 from ray.serve._private.config import DeploymentConfig
 from ray.serve.schema import ServeDeploySchema
 
-from app.builder import INGRESS_NAME, build_from_config, config_from_args, engine_deployment_name
+from app.builder import INGRESS_NAME, build_from_config, colocated, config_from_args, engine_deployment_name, ingress_deployment_name
 from app.config import AppConfig, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ def build_application(app_schema) -> tuple[AppConfig, BuiltApplication]:
     config = config_from_args(app_schema.args)
     built = serve_build_app(build_from_config(config), name=app_schema.name)
     built.validate_single_fastapi_ingress()
-    assert built.ingress_deployment_name == INGRESS_NAME
+    assert built.ingress_deployment_name == ingress_deployment_name(config)
     deployments = {d.name: d for d in built.deployments}
     # Overrides in the config file, applied as Serve applies them (application_state.override_deployment_info).
     for override in app_schema.model_dump(exclude_unset=True).get("deployments", []):
@@ -266,7 +266,7 @@ def test_manifest_serve_config_builds(path):
             need = {"CPU": deployment.ray_actor_options.get("num_cpus", 1), "GPU": deployment.ray_actor_options.get("num_gpus", 0)}
             slots = [min((have[r] // need[r]) if need[r] else math.inf for r in need) for have, _ in groups]
             assert any(s >= 1 for s in slots), f"{path.name}: a {deployment.name} replica needs {need}; no pod has that"
-            if deployment.name != INGRESS_NAME:
+            if deployment.name != INGRESS_NAME:  # a separate ingress (several models) has one replica
                 capacity = sum(s * most for s, (_, most) in zip(slots, groups) if s != math.inf)
                 wanted = _max_replicas(app_schema, deployment)
                 assert capacity >= wanted, f"{path.name}: {deployment.name} may run {wanted} replicas; the worker groups hold {capacity}"
@@ -292,8 +292,11 @@ def test_gpu_manifest_shape():
         for model_id, deployment in _engine_deployments(config, built).items():
             assert deployment.ray_actor_options["num_gpus"] == 1, model_id
             assert config.model(model_id).engine.tensor_parallel_size == 1
-        ingress = next(d for d in built.deployments if d.name == INGRESS_NAME)
-        assert ingress.ray_actor_options.get("num_gpus", 0) == 0
+        ingress = next(d for d in built.deployments if d.name == ingress_deployment_name(config))
+        if colocated(config):  # the engine replicas answer HTTP themselves
+            assert ingress.ray_actor_options["num_gpus"] == 1
+        else:
+            assert ingress.ray_actor_options.get("num_gpus", 0) == 0
 
 
 def test_cpu_manifest_runs_the_default_model_on_cpu_workers():

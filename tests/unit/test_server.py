@@ -238,7 +238,7 @@ async def test_requests_queue_and_all_finish():
 
 
 async def test_drain_refuses_new_requests(host):
-    host.drain()
+    host.close_admission()
     with pytest.raises(ServiceUnavailable):
         await anext(host.generate(make_request("hello")))
 

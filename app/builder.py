@@ -86,6 +86,9 @@ class HandleBackend:
     async def check_health(self) -> None:
         await self._call("check_health")
 
+    async def check_ready(self) -> None:
+        await self._call("check_ready")
+
     async def stats(self) -> dict[str, Any]:
         return await self._call("stats")
 
@@ -123,7 +126,7 @@ class EngineReplica(EngineHost):
 
     def __init__(self, model: ModelConfig, service: ServiceConfig):
         _keep_replica_port_on_loopback()
-        super().__init__(model, service)
+        super().__init__(model, service, start_in_background=True)
 
     async def generate_remote(self, request: GenerateRequest) -> AsyncIterator[Any]:
         """`generate` for callers across the Ray handle: errors come back as `Refused` values."""

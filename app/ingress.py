@@ -46,6 +46,7 @@ class Backend(Protocol):
     async def tokenize(self, prompt: PromptInput) -> list[int]: ...
     async def detokenize(self, token_ids: list[int]) -> str: ...
     async def check_health(self) -> None: ...
+    async def check_ready(self) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
 
 
@@ -385,7 +386,7 @@ def _authorized(header: bytes, keys: list[bytes]) -> bool:
 
 async def _healthy(backend: Backend) -> bool:
     try:
-        await asyncio.wait_for(backend.check_health(), timeout=5)
+        await asyncio.wait_for(backend.check_ready(), timeout=5)
         return True
     except Exception:
         return False

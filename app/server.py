@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import asdict, replace
 from typing import Any, AsyncIterator
@@ -28,29 +29,60 @@ log = logging.getLogger(__name__)
 
 
 class EngineHost:
-    def __init__(self, model: ModelConfig, service: ServiceConfig | None = None, engine: Engine | None = None):
+    """Lifecycle: constructed → starting (the engine loads; requests get 503 "starting") → ready →
+    possibly dead (the engine failed; requests get 503 and the liveness check fails, so Ray Serve
+    replaces the replica). With `start_in_background` the constructor returns at once, so a replica
+    is up, answering 503s and reporting "starting", while its engine loads."""
+
+    def __init__(self, model: ModelConfig, service: ServiceConfig | None = None, engine: Engine | None = None,
+                 start_in_background: bool = False):
         service = service or ServiceConfig()
         configure_logging(service.log_level)
         self.model = model
         self.engine = engine if engine is not None else make_engine(model)
-        started = time.monotonic()
-        self.engine.start()
         dep = model.deployment
         self.admission = Admission(
             max_running=dep.max_ongoing_requests,
             max_queued=dep.max_queued_requests,
-            token_budget=dep.token_budget or self.engine.kv_cache_tokens or 2**62,
+            token_budget=dep.token_budget or 2**62,  # the KV cache's size once the engine reports it
             queue_timeout_s=dep.queue_timeout_s,
             refusal=queue_full_class(service.refusal_status),
         )
+        self._ready = threading.Event()
+        self._start_error: str | None = None
         self._dead: str | None = None
-        log.info("model %s ready in %.1f s; token budget %d", model.id, time.monotonic() - started, self.admission.token_budget)
+        if start_in_background:
+            threading.Thread(target=self._start, name=f"start-{model.id}", daemon=True).start()
+        else:
+            self._start()
+            if self._start_error:
+                raise RuntimeError(self._start_error)
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        try:
+            self.engine.start()
+        except Exception as err:
+            self._start_error = f"the engine for '{self.model.id}' failed to start: {err!r}"
+            log.exception("engine for %s failed to start", self.model.id)
+            return
+        if not self.model.deployment.token_budget and self.engine.kv_cache_tokens:
+            self.admission.token_budget = self.engine.kv_cache_tokens
+        self._ready.set()
+        log.info("model %s ready in %.1f s; token budget %d", self.model.id, time.monotonic() - started, self.admission.token_budget)
+
+    def _require_ready(self) -> None:
+        if self._dead:
+            raise ServiceUnavailable(f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5)
+        if self._start_error:
+            raise ServiceUnavailable(f"{self._start_error}; the replica is being replaced", retry_after_s=10)
+        if not self._ready.is_set():
+            raise ServiceUnavailable(f"the engine for '{self.model.id}' is starting; retry shortly", retry_after_s=5)
 
     # -- the request path -------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Admitted | GenerationDelta]:
-        if self._dead:
-            raise ServiceUnavailable(f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5)
+        self._require_ready()
         ticket = self.admission.reserve()  # refuse before tokenizing anything
         outcome, prompt_tokens, generated = "client_gone", 0, 0
         try:
@@ -158,9 +190,11 @@ class EngineHost:
     # -- control plane ----------------------------------------------------
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
+        self._require_ready()
         return await asyncio.to_thread(self._render, prompt)
 
     async def detokenize(self, token_ids: list[int]) -> str:
+        self._require_ready()
         return self._decode(token_ids, "tokens")
 
     def _decode(self, token_ids: list[int], param: str) -> str:
@@ -170,22 +204,32 @@ class EngineHost:
             raise InvalidRequest(f"the token ids could not be decoded by this model's tokenizer: {err}", param=param) from None
 
     async def check_health(self) -> None:
-        """Ray Serve's liveness probe: cheap, and never fails because the engine is busy."""
-        if self._dead:
-            raise RuntimeError(f"engine dead: {self._dead}")
+        """Ray Serve's liveness probe: cheap, never fails because the engine is busy or still loading;
+        fails for an engine that died or could not start, so Serve replaces the replica."""
+        if self._dead or self._start_error:
+            raise RuntimeError(f"engine unusable: {self._dead or self._start_error}")
+        if not self._ready.is_set():
+            return
         try:
             await self.engine.check_health()
         except EngineDead as err:
             self._dead = str(err)
             raise RuntimeError(f"engine dead: {err}") from None
 
+    async def check_ready(self) -> None:
+        """Readiness (GET /health): raises `ServiceUnavailable` unless the engine is loaded and alive."""
+        self._require_ready()
+        await self.check_health()
+
     async def stats(self) -> dict[str, Any]:
+        ready = self._ready.is_set()
         return {
             "model": self.model.id,
-            "healthy": self._dead is None,
+            "ready": ready,
+            "healthy": self._dead is None and self._start_error is None,
             "admission": asdict(self.admission.stats()),
             "engine": asdict(self.engine.stats()),
-            "kv_cache_tokens": self.engine.kv_cache_tokens,
+            "kv_cache_tokens": self.engine.kv_cache_tokens if ready else 0,
         }
 
     def close_admission(self) -> None:

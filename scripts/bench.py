@@ -58,15 +58,18 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 MODEL_ID = "smollm2-135m-instruct"
-SYSTEMS = ("app", "vllm", "ray-llm", "naive")
+SYSTEMS = ("app", "app-ingress", "vllm", "ray-llm", "naive")
+DEFAULT_SYSTEMS = ("app", "vllm", "ray-llm", "naive")
 LABELS = {
     "app": "this project",
+    "app-ingress": "this project, separate ingress",
     "vllm": "bare vLLM",
     "ray-llm": "Ray Serve LLM",
     "naive": "naive baseline",
 }
 DESCRIPTIONS = {
     "app": "`python -m app serve` (Ray Serve replica hosting a vLLM AsyncLLM, FastAPI ingress with admission control)",
+    "app-ingress": "the same with `service.colocate_ingress: false`: a separate ingress deployment, tokens cross a Ray handle (the multi-model topology; the 'before' of colocation)",
     "vllm": "`python -m vllm.entrypoints.openai.api_server` (vLLM's own OpenAI server, same install)",
     "ray-llm": "`benchmarks/ray_serve_llm.py` (`ray.serve.llm.build_openai_app`, Ray's OpenAI-compatible LLM app)",
     "naive": "`benchmarks/naive_fastapi.py` (FastAPI + transformers `generate` per request, `asyncio.Semaphore(2)`; a baseline, not part of app/)",
@@ -297,13 +300,14 @@ def foreign_marker_processes(since: float) -> list[str]:
 # The systems
 
 
-def write_app_config(work: Path, port: int, max_concurrency: int, output_len: int) -> Path:
+def write_app_config(work: Path, port: int, max_concurrency: int, output_len: int, colocate: bool = True) -> Path:
     """configs/cpu.yaml with only what the benchmark needs changed."""
     import yaml
 
     config = yaml.safe_load((REPO / "configs" / "cpu.yaml").read_text())
     service = config.setdefault("service", {})
-    service.update({"host": "127.0.0.1", "port": port, "api_keys": [], "request_timeout_s": 3600, "drain_grace_s": 5})
+    service.update({"host": "127.0.0.1", "port": port, "api_keys": [], "request_timeout_s": 3600, "drain_grace_s": 5,
+                    "colocate_ingress": colocate})
     model = config["models"][0]
     model["id"] = MODEL_ID
     model["source"] = "default"
@@ -324,8 +328,8 @@ def write_app_config(work: Path, port: int, max_concurrency: int, output_len: in
 
 def system_command(system: str, port: int, model_dir: str, work: Path, max_concurrency: int, output_len: int,
                    ray_stream_batching_ms: float | None = None) -> list[str]:
-    if system == "app":
-        config = write_app_config(work, port, max_concurrency, output_len)
+    if system in ("app", "app-ingress"):
+        config = write_app_config(work, port, max_concurrency, output_len, colocate=system == "app")
         return [PY, "-m", "app", "serve", "--config", str(config)]
     if system == "vllm":
         return [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", MODEL_ID,

@@ -50,7 +50,7 @@ def _reap_zombies() -> None:
             pass
 
 
-def _kill_descendants(grace_s: float = 5.0) -> int:
+def kill_descendants(grace_s: float = 5.0) -> int:
     import psutil
 
     me = psutil.Process()
@@ -156,7 +156,7 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
             try:
                 ray.shutdown()
             finally:
-                n = _kill_descendants()
+                n = kill_descendants()
                 _say(f"stopped; {n} leftover process(es) reaped" if n else "stopped; no process left behind")
 
 

@@ -26,28 +26,11 @@ import threading
 import time
 import urllib.request
 
+from app.cli import kill_descendants  # the same reaping as the service's own CLI
+
 
 def _say(message: str) -> None:
     print(f"[ray-serve-llm] {message}", file=sys.stderr, flush=True)
-
-
-def _kill_descendants(grace_s: float = 5.0) -> int:
-    import psutil
-
-    procs = psutil.Process().children(recursive=True)
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
-    return len(procs)
 
 
 def build_app(model_dir: str, model_id: str, max_model_len: int, max_num_seqs: int, dtype: str,
@@ -123,7 +106,7 @@ def main() -> int:
         try:
             ray.shutdown()
         finally:
-            n = _kill_descendants()
+            n = kill_descendants()
             _say(f"stopped; {n} leftover process(es) reaped" if n else "stopped; no process left behind")
 
 

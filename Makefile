@@ -39,5 +39,8 @@ overload: setup
 bench: setup
 	$(PY) scripts/bench.py
 
+fuzz: setup
+	$(PY) -m pytest -q -s tests/unit/test_fuzz_schema.py tests/unit/test_hostile_inputs.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache

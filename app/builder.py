@@ -27,6 +27,7 @@ from app.server import EngineHost
 INGRESS_NAME = "ingress"
 # Serve's own per-replica cap sits above ours, so overflow reaches EngineHost and is refused fast and honestly.
 _SERVE_SLACK = 8
+_HTTP_HEADROOM = 1000
 _UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
 
 
@@ -173,12 +174,17 @@ class Ingress:
 
 def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica):
     dep = model.deployment
+    serve_cap = dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK
+    if cls is ModelServer:
+        # Every HTTP request reaches this replica (probes too), and refusing one in-process costs almost
+        # nothing; a tight Serve cap would make the proxy queue them, then drop them as plain-text 503s.
+        serve_cap = _HTTP_HEADROOM + serve_cap
     return serve.deployment(cls).options(
         name=engine_deployment_name(model.id),
         num_replicas=dep.num_replicas,
         ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},
-        max_ongoing_requests=dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK,
-        max_queued_requests=dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK,
+        max_ongoing_requests=serve_cap,
+        max_queued_requests=serve_cap,
         health_check_period_s=dep.health_check_period_s,
         health_check_timeout_s=dep.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.service.drain_grace_s,

@@ -118,6 +118,7 @@ class ServiceConfig(_Strict):
     refusal_status: Literal[429, 503] = Field(429, description="Status for 'queue full' refusals.")
     request_timeout_s: float = Field(600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream).")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body; larger is a 413.")
+    max_header_bytes: int = Field(16_384, ge=1024, description="Largest total size of the request's headers; larger is a 431.")
     drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the service's own loggers.")
     colocate_ingress: bool = Field(True, description="With a single model, serve HTTP from the engine replicas themselves: no Ray hop per token between ingress and engine. With several models (or false) a separate ingress deployment routes by `model`.")

@@ -77,6 +77,12 @@ class PayloadTooLarge(ServiceError):
     code = "request_too_large"
 
 
+class HeadersTooLarge(ServiceError):
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
+
+
 class QueueFull(ServiceError):
     """Refused at once: the replica's queue is full. Status is 429 unless configured to 503."""
 

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import sse
 from app.config import AppConfig, ModelConfig
-from app.errors import (InternalError, InvalidRequest, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge,
+from app.errors import (HeadersTooLarge, InternalError, InvalidRequest, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge,
                         ServiceError, ServiceUnavailable, Unauthorized, queue_full_class)
 from app.protocol import Admitted, ChatCompletionRequest, CompletionRequest, GenerateRequest, PromptInput
 from app.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -138,8 +138,10 @@ class Gate:
     through untouched and the token path pays for no extra task.
     """
 
-    def __init__(self, app, keys: list[bytes], max_body_bytes: int, lifecycle: Lifecycle, echo_request_id: bool, metrics: Metrics):
+    def __init__(self, app, keys: list[bytes], max_body_bytes: int, max_header_bytes: int, lifecycle: Lifecycle,
+                 echo_request_id: bool, metrics: Metrics):
         self.app = app
+        self.max_header_bytes = max_header_bytes
         self.metrics = metrics
         self.echo_request_id = echo_request_id
         self.keys = keys
@@ -172,6 +174,9 @@ class Gate:
 
         if self.keys and scope["path"] not in OPEN_PATHS and not _authorized(headers.get(b"authorization", b""), self.keys):
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
+        header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
+        if header_bytes > self.max_header_bytes:
+            return await refuse(HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}"))
         if self.lifecycle.draining and scope["path"] != "/livez":
             return await refuse(ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5))
         too_large = PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request")
@@ -369,6 +374,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
 
     api.state.lifecycle = Lifecycle()
     api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()], max_body_bytes=config.service.max_body_bytes,
+                       max_header_bytes=config.service.max_header_bytes,
                        lifecycle=api.state.lifecycle, echo_request_id=echo_request_id, metrics=metrics)
     return api
 

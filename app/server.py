@@ -153,7 +153,6 @@ class EngineHost:
         if prompt_tokens + params.max_tokens <= n_ctx:
             return params
         if params.max_tokens_is_default:  # the client did not ask for a length: use what is left
-
             return replace(params, max_tokens=n_ctx - prompt_tokens)
         raise ContextLengthExceeded(
             f"This model's maximum context length is {n_ctx} tokens. However, you requested "

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes need no key
 KNOWN_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
                              "/health", "/livez", "/stats", "/metrics"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
 access_log = logging.getLogger("app.access")
 
@@ -87,6 +88,12 @@ class Capacity:
                        for m in config.models}
         self.inflight = {m.id: 0 for m in config.models}
         self._refusal = queue_full_class(config.service.refusal_status)
+
+    def refusal_if_all_full(self) -> ServiceError | None:
+        """Every model at capacity: any generation request would be refused, whatever its body says."""
+        if all(self.inflight[m] >= self.limit[m] for m in self.limit):
+            return self._refusal("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
+        return None
 
     async def track(self, model_id: str, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """`stream`, counted from its first `anext` until it is closed, however that happens: by the
@@ -139,8 +146,9 @@ class Gate:
     """
 
     def __init__(self, app, keys: list[bytes], max_body_bytes: int, max_header_bytes: int, lifecycle: Lifecycle,
-                 echo_request_id: bool, metrics: Metrics):
+                 echo_request_id: bool, metrics: Metrics, capacity: Capacity):
         self.app = app
+        self.capacity = capacity
         self.max_header_bytes = max_header_bytes
         self.metrics = metrics
         self.echo_request_id = echo_request_id
@@ -179,6 +187,8 @@ class Gate:
             return await refuse(HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}"))
         if self.lifecycle.draining and scope["path"] != "/livez":
             return await refuse(ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5))
+        if scope["path"] in GENERATION_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
+            return await refuse(full)  # before reading or parsing the body: under overload most requests end here
         too_large = PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request")
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
@@ -375,7 +385,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     api.state.lifecycle = Lifecycle()
     api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()], max_body_bytes=config.service.max_body_bytes,
                        max_header_bytes=config.service.max_header_bytes,
-                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id, metrics=metrics)
+                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id, metrics=metrics, capacity=capacity)
     return api
 
 

@@ -86,3 +86,17 @@ async def test_ingress_refuses_past_capacity_without_calling_the_replica(make_st
     assert capacity.inflight["fake-model"] == 0  # nothing leaked: served, refused, streamed
     r = await stack.client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=3))
     assert r.status_code == 200 and capacity.inflight["fake-model"] == 0
+
+
+async def test_full_service_refuses_before_reading_the_body(make_stack):
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
+    stack = make_stack(config, FakeEngine(max_model_len=256, token_delay_s=0.02))
+    holder = asyncio.create_task(stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=20, ignore_eos=True)))
+    await asyncio.sleep(0.05)
+    # Not even valid JSON: refused for capacity, because the body is never looked at.
+    refused = await stack.client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full"
+    assert (await stack.client.get("/v1/models")).status_code == 200  # other routes are not refused
+    assert (await holder).status_code == 200
+    bad = await stack.client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400  # with room again, the body is read and judged

@@ -9,7 +9,6 @@ tested; `kill()` makes it behave like a dead engine.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import AsyncIterator
 
 from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
@@ -127,10 +126,3 @@ class FakeEngine:
     def shutdown(self) -> None:
         self.started = False
 
-
-def is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        return False

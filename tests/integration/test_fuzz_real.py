@@ -26,6 +26,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance
 
 from tests.integration.conftest import MODEL
+from tests.unit.test_fuzz_schema import declared_fields
 from tests.unit.test_hostile_inputs import ERROR_KEYS, body_chunks, check_outcome, hostile_cases, stream_is_clean
 
 pytestmark = pytest.mark.integration
@@ -51,16 +52,6 @@ def openai_error_shape(ctx, response, case) -> None:
 
 
 CHECKS = [not_a_server_error, content_type_conformance, openai_error_shape]
-
-
-def declared_fields(openapi: dict) -> dict[str, set[str]]:
-    """path -> the properties its JSON request body declares."""
-    out = {}
-    for path, methods in openapi["paths"].items():
-        ref = methods.get("post", {}).get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref")
-        if ref:
-            out[path] = set(openapi["components"]["schemas"][ref.rsplit("/", 1)[1]].get("properties", {}))
-    return out
 
 
 def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:

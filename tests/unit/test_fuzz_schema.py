@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance
 from app.fake_engine import FakeEngine
 from app.ingress import create_app
 from app.server import EngineHost
-from unit_support import MAX_MODEL_LEN, MODEL_ID, make_config
+from tests.unit.unit_support import MAX_MODEL_LEN, MODEL_ID, make_config
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 # Examples per operation and generation mode: the whole module stays well under a minute.

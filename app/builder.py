@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.config import AppConfig, ConfigError, ModelConfig, ServiceConfig, load_config, parse_config
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
+from app.http_listener import HttpListener
 from app.ingress import create_app
 from app.logs import configure_logging
 from app.protocol import GenerateRequest, PromptInput
@@ -142,12 +143,14 @@ class EngineReplica(EngineHost):
 class ModelServer(EngineReplica):
     """The single-model topology: each engine replica serves the HTTP API itself, calling its own
     `EngineHost` in-process. Tokens then cross no Ray handle between ingress and engine (one hop per
-    token fewer, and no ingress process competing with the engine for the CPU); Serve's proxy still
-    spreads requests over the replicas."""
+    token fewer, and no ingress process competing with the engine for the CPU). With `listen`, the
+    replica also owns the socket (`HttpListener`); otherwise Serve's proxy spreads requests over the
+    replicas."""
 
-    def __init__(self, config: AppConfig):
+    def __init__(self, config: AppConfig, listen: bool = False):
         super().__init__(config.models[0], config.service)
-        self._api = create_app(config, {self.model.id: self}, echo_request_id=False)
+        self._api = create_app(config, {self.model.id: self}, echo_request_id=listen)
+        self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self):
         return self._api
@@ -159,10 +162,11 @@ class ModelServer(EngineReplica):
 
 @serve.ingress()
 class Ingress:
-    def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle]):
+    def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle], listen: bool = False):
         _keep_replica_port_on_loopback()
         configure_logging(config.service.log_level)
-        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=False)
+        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=listen)
+        self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self):
         return self._api
@@ -170,6 +174,12 @@ class Ingress:
     async def drain(self, grace_s: float) -> int:
         """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""
         return await self._api.state.lifecycle.drain(grace_s)
+
+
+def _listen(api, service: ServiceConfig) -> HttpListener:
+    listener = HttpListener(api, service.host, service.port)
+    listener.start()  # the constructor runs in the replica's event loop, where requests will run
+    return listener
 
 
 def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica):
@@ -200,10 +210,22 @@ def ingress_deployment_name(config: AppConfig) -> str:
     return engine_deployment_name(config.models[0].id) if colocated(config) else INGRESS_NAME
 
 
-def build_from_config(config: AppConfig) -> serve.Application:
+def one_http_replica(config: AppConfig) -> bool:
+    """Whether a single replica answers all HTTP, so it can own the socket: the ingress (always one
+    replica), or one engine replica serving its model colocated. Several replicas keep Serve's proxy,
+    which spreads requests by queue length; the kernel would spread connections, and an SDK's
+    keep-alive pool pins each client to one replica."""
+    return not colocated(config) or config.models[0].deployment.num_replicas == 1
+
+
+def build_from_config(config: AppConfig, listen: bool = False) -> serve.Application:
+    """`listen`: the HTTP-facing replica binds `service.host:port` itself (requires `one_http_replica`);
+    otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay)."""
+    if listen and not one_http_replica(config):
+        raise ConfigError("a replica can listen on the service port only when one replica answers all HTTP")
     if colocated(config):
         model = config.models[0]
-        return _engine_deployment(model, config, ModelServer).bind(config)
+        return _engine_deployment(model, config, ModelServer).bind(config, listen)
     engines = {m.id: _engine_deployment(m, config).bind(m, config.service) for m in config.models}
     ingress = serve.deployment(Ingress).options(
         name=INGRESS_NAME,
@@ -212,7 +234,7 @@ def build_from_config(config: AppConfig) -> serve.Application:
         max_ongoing_requests=10_000,  # the ingress only awaits; the engines bound the work
         graceful_shutdown_timeout_s=config.service.drain_grace_s,
     )
-    return ingress.bind(config, engines)
+    return ingress.bind(config, engines, listen)
 
 
 def config_from_args(args: dict[str, Any]) -> AppConfig:

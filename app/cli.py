@@ -84,8 +84,17 @@ def _wait_healthy(host: str, port: int, timeout_s: float, stop: threading.Event)
     return False
 
 
-def serve_command(config_path: Path, startup_timeout_s: float) -> int:
+def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: bool = False) -> int:
     config = load_config(config_path)
+    from app.http_listener import CannotListen, bind_socket
+
+    own_ray = not os.environ.get("RAY_ADDRESS")
+    if own_ray:
+        try:  # fail now, not after a minute of start-up, when the port is taken
+            bind_socket(config.service.host, config.service.port, reuse_port=False).close()
+        except CannotListen as err:
+            _say(str(err))
+            return 1
     logging.basicConfig(level=config.service.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if any(m.source == DEFAULT_MODEL_SOURCE and m.engine_kind == "vllm" for m in config.models):
         from app.model_store import prepare_default_model
@@ -105,7 +114,6 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
 
     _become_subreaper()
     started = time.monotonic()
-    own_ray = not os.environ.get("RAY_ADDRESS")
     if own_ray:
         # Ray binds its servers (GCS, raylet, workers, agents) to the node IP; with this set before
         # `import ray`, a local node's IP is loopback, so no Ray port is reachable from the network.
@@ -115,7 +123,11 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
     import ray
     from ray import serve
 
-    from app.builder import build_from_config, ingress_deployment_name
+    from app.builder import build_from_config, ingress_deployment_name, one_http_replica
+
+    # On our own single-node Ray, one replica answering all HTTP listens on the port itself (no proxy
+    # hop per token); several replicas, an existing cluster, or --serve-proxy use Serve's HTTP proxy.
+    listen = own_ray and one_http_replica(config) and not via_serve_proxy
 
     try:
         if own_ray:
@@ -126,9 +138,12 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
             ray.init(logging_level=logging.WARNING)
         for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init may have installed its own
             signal.signal(sig, on_signal)
-        serve.start(http_options={"host": config.service.host, "port": config.service.port})
+        if listen:
+            serve.start(proxy_location="Disabled")
+        else:
+            serve.start(http_options={"host": config.service.host, "port": config.service.port})
         try:
-            serve.run(build_from_config(config), name=APP_NAME, route_prefix="/", blocking=False)
+            serve.run(build_from_config(config, listen=listen), name=APP_NAME, route_prefix="/", blocking=False)
         except RuntimeError as err:
             _say(f"deployment failed; the replica logs above say why. {err}")
             return 1
@@ -138,7 +153,8 @@ def serve_command(config_path: Path, startup_timeout_s: float) -> int:
                 return 1
         else:
             _say(f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:{config.service.port}/v1 "
-                 f"(ready in {time.monotonic() - started:.0f} s); Ctrl-C to stop")
+                 f"(ready in {time.monotonic() - started:.0f} s; HTTP answered by "
+                 f"{'the replica itself' if listen else 'the Serve proxy'}); Ctrl-C to stop")
             while not stop.wait(2.0):
                 _reap_zombies()
         _say(f"stopping (signal {received[0] if received else '-'}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
@@ -166,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="start the service in the foreground (Ctrl-C drains and stops it)")
     p_serve.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
     p_serve.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the service to become healthy")
+    p_serve.add_argument("--serve-proxy", action="store_true",
+                         help="answer HTTP through Ray Serve's proxy (the KubeRay path) even when one replica could listen itself")
     p_prep = sub.add_parser("prepare-model", help="download and convert the default model (offline-capable, cached)")
     p_prep.add_argument("--force", action="store_true", help="prepare again even if cached")
     p_check = sub.add_parser("check-config", help="validate a config file without starting anything")
@@ -174,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "serve":
-            return serve_command(args.config, args.startup_timeout)
+            return serve_command(args.config, args.startup_timeout, via_serve_proxy=args.serve_proxy)
         if args.command == "prepare-model":
             from app.model_store import prepare_default_model
 

@@ -58,17 +58,19 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 MODEL_ID = "smollm2-135m-instruct"
-SYSTEMS = ("app", "app-ingress", "vllm", "ray-llm", "naive")
+SYSTEMS = ("app", "app-proxy", "app-ingress", "vllm", "ray-llm", "naive")
 NAIVE_MAX_PROMPTS = 32
 LABELS = {
     "app": "this project",
+    "app-proxy": "this project, via Serve proxy",
     "app-ingress": "this project, separate ingress",
     "vllm": "bare vLLM",
     "ray-llm": "Ray Serve LLM",
     "naive": "naive baseline",
 }
 DESCRIPTIONS = {
-    "app": "`python -m app serve` (Ray Serve replica hosting a vLLM AsyncLLM, FastAPI ingress with admission control)",
+    "app": "`python -m app serve` (Ray Serve replica hosting a vLLM AsyncLLM, FastAPI ingress with admission control; with one replica, the replica listens on the port itself)",
+    "app-proxy": "the same with `--serve-proxy`: HTTP through Ray Serve's proxy actor, every streamed chunk crossing a Ray call (the KubeRay path; the 'before' of the replica listening itself)",
     "app-ingress": "the same with `service.colocate_ingress: false`: a separate ingress deployment, tokens cross a Ray handle (the multi-model topology; the 'before' of colocation)",
     "vllm": "`python -m vllm.entrypoints.openai.api_server` (vLLM's own OpenAI server, same install)",
     "ray-llm": "`benchmarks/ray_serve_llm.py` (`ray.serve.llm.build_openai_app`, Ray's OpenAI-compatible LLM app)",
@@ -328,9 +330,9 @@ def write_app_config(work: Path, port: int, max_concurrency: int, output_len: in
 
 def system_command(system: str, port: int, model_dir: str, work: Path, max_concurrency: int, output_len: int,
                    ray_stream_batching_ms: float | None = None) -> list[str]:
-    if system in ("app", "app-ingress"):
-        config = write_app_config(work, port, max_concurrency, output_len, colocate=system == "app")
-        return [PY, "-m", "app", "serve", "--config", str(config)]
+    if system in ("app", "app-proxy", "app-ingress"):
+        config = write_app_config(work, port, max_concurrency, output_len, colocate=system != "app-ingress")
+        return [PY, "-m", "app", "serve", "--config", str(config), *(["--serve-proxy"] if system == "app-proxy" else [])]
     if system == "vllm":
         return [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--served-model-name", MODEL_ID,
                 "--enforce-eager", "--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]),

@@ -113,7 +113,7 @@ def with_second_model(config: dict) -> dict:
 
 
 @contextmanager
-def running_stack(tmp: Path, config: dict) -> Iterator[Service]:
+def running_stack(tmp: Path, config: dict, extra_args: tuple[str, ...] = ()) -> Iterator[Service]:
     """`python -m app serve` on `config`, healthy, for the duration of the block; then Ctrl-C."""
     port = config["service"]["port"]
     config_path = tmp / "config.yaml"
@@ -123,7 +123,7 @@ def running_stack(tmp: Path, config: dict) -> Iterator[Service]:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "APP_API_KEYS")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--config", str(config_path), "--startup-timeout", str(STARTUP_TIMEOUT_S)],
+            [sys.executable, "-m", "app", "serve", "--config", str(config_path), "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra_args],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,  # its own process group, so "Ctrl-C" reaches only the service
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # not inherited as ignored

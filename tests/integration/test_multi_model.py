@@ -1,5 +1,7 @@
 """Two models from one config, each in its own engine deployment, behind a separate ingress that
-routes by `model`. Its own stack (the session's main stack serves one model)."""
+routes by `model`. Its own stack (the session's main stack serves one model), started with
+`--serve-proxy`: HTTP goes through Ray Serve's proxy, as under KubeRay, so that path is exercised
+for real too (the main stack's replica listens itself)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory):
     config = with_second_model(base_config(free_port()))
-    with running_stack(tmp_path_factory.mktemp("multi"), config) as svc:
+    with running_stack(tmp_path_factory.mktemp("multi"), config, extra_args=("--serve-proxy",)) as svc:
         yield svc
 
 
@@ -64,3 +66,16 @@ def test_stream_disconnect_is_aborted_across_the_ingress_hop(multi):
     idle = multi.wait_idle(timeout_s=15)
     assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0
     assert idle["engine"]["generation_tokens_total"] - before < 1000
+
+
+def _serve_proxies(service) -> list[str]:
+    import psutil
+
+    return [p.name() for p in psutil.Process(service.proc.pid).children(recursive=True) if "ProxyActor" in p.name()]
+
+
+def test_http_goes_through_the_serve_proxy_when_asked(multi, service):
+    assert _serve_proxies(multi), "--serve-proxy: Serve's HTTP proxy answers"
+    assert "HTTP answered by the Serve proxy" in multi.log_path.read_text(errors="replace")
+    assert not _serve_proxies(service), "one replica answering all HTTP listens itself; no proxy process"
+    assert "HTTP answered by the replica itself" in service.log_path.read_text(errors="replace")

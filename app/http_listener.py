@@ -1,0 +1,83 @@
+"""The replica's own HTTP server: the ASGI app served from the replica's event loop, on the service's port.
+
+Behind Ray Serve's HTTP proxy every streamed chunk crosses an actor call (replica → proxy) and the
+proxy is one more process competing with the engine for the CPU. When a single replica answers all
+HTTP (the CLI's local service with one engine replica, or the multi-model ingress), it can listen
+itself and nothing sits between the socket and the engine. docs/benchmarks.md has the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+KEEP_ALIVE_TIMEOUT_S = 90  # Serve's proxy default, so clients see the same connection behaviour either way
+
+
+class CannotListen(RuntimeError):
+    pass
+
+
+def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening-ready TCP socket on (host, port); `CannotListen` saying what to do when taken.
+
+    `reuse_port`: Serve starts the replacement of a dead replica while the old one may still hold the
+    port; with SO_REUSEPORT on both, the new one can bind at once instead of failing its start."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno in (errno.EADDRINUSE, errno.EACCES):
+            raise CannotListen(f"cannot listen on {host}:{port}: {err.strerror}; stop whatever holds the port "
+                            f"or set service.port to a free one") from err
+        raise
+    return sock
+
+
+class HttpListener:
+    """Lifecycle: `start()` (binds and serves in the running event loop) → `stop()`."""
+
+    def __init__(self, app, host: str, port: int):
+        self.host, self.port = host, port
+        self._app = app
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        sock = bind_socket(self.host, self.port, reuse_port=True)
+        config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None,
+                                timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S)
+        server = uvicorn.Server(config)
+        # Signals belong to the Ray worker, never to a server inside it.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        self._task.add_done_callback(self._on_exit)
+        log.info("serving HTTP on %s:%d from this replica", self.host, self.port)
+
+    def _on_exit(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the replica's HTTP server stopped: %r", task.exception())
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+        except asyncio.TimeoutError:
+            self._server.force_exit = True
+            self._task.cancel()
+        self._server = None

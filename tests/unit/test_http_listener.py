@@ -1,0 +1,100 @@
+"""The replica's own HTTP server (`HttpListener`): a real uvicorn on a loopback socket, the fake engine behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+
+from app.builder import build_from_config, one_http_replica
+from app.config import ConfigError
+from app.fake_engine import FakeEngine
+from app.http_listener import CannotListen, HttpListener, bind_socket
+from tests.unit.unit_support import Stack, chat_body, make_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+async def served():
+    """A `Stack` (fake engine, tokens every 20 ms) behind an `HttpListener` on a free loopback port."""
+    stack = Stack(make_config(), FakeEngine(max_model_len=256, token_delay_s=0.02))
+    port = _free_port()
+    listener = HttpListener(stack.app, "127.0.0.1", port)
+    listener.start()
+    try:
+        yield stack, f"http://127.0.0.1:{port}", listener
+    finally:
+        await listener.stop()
+        await stack.aclose()
+
+
+async def test_serves_the_api_and_echoes_the_request_id(served):
+    stack, base, _ = served
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        r = await client.post("/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "trace-7"})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+    assert r.headers["x-request-id"] == "trace-7"
+
+
+async def test_a_client_that_hangs_up_mid_stream_aborts_the_engine_request(served):
+    stack, base, _ = served
+    body = chat_body(stream=True, max_tokens=100, ignore_eos=True)
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            while "data:" not in await anext(lines):
+                pass
+    for _ in range(100):  # the server notices the closed socket on its next write
+        if stack.engine.aborted and not stack.engine.running:
+            break
+        await asyncio.sleep(0.05)
+    assert len(stack.engine.aborted) == 1 and not stack.engine.running
+    assert stack.host.admission.stats().in_system == 0
+
+
+async def test_stop_releases_the_port(served):
+    _, base, listener = served
+    await listener.stop()
+    with pytest.raises(httpx.ConnectError):
+        async with httpx.AsyncClient(base_url=base, timeout=2) as client:
+            await client.get("/livez")
+    bind_socket("127.0.0.1", listener.port, reuse_port=False).close()  # nothing holds it any more
+
+
+def test_a_taken_port_is_a_clear_error():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(CannotListen, match=rf"127\.0\.0\.1:{port}.*service\.port"):
+            bind_socket("127.0.0.1", port, reuse_port=False)
+
+
+def test_a_replacement_replica_can_bind_while_the_old_one_still_listens():
+    port = _free_port()
+    old = bind_socket("127.0.0.1", port, reuse_port=True)
+    old.listen()
+    try:
+        bind_socket("127.0.0.1", port, reuse_port=True).close()
+    finally:
+        old.close()
+
+
+def test_only_a_single_http_replica_may_own_the_port():
+    assert one_http_replica(make_config())  # one model, one replica: it answers HTTP itself
+    several = make_config(deployment={"num_replicas": 2})
+    assert not one_http_replica(several)  # the Serve proxy balances between them
+    separate = make_config(service={"colocate_ingress": False}, deployment={"num_replicas": 2})
+    assert one_http_replica(separate)  # the ingress deployment has one replica
+    with pytest.raises(ConfigError, match="one replica answers all HTTP"):
+        build_from_config(several, listen=True)
+    assert build_from_config(make_config(), listen=True) is not None

@@ -149,7 +149,7 @@ class ModelServer(EngineReplica):
 
     def __init__(self, config: AppConfig, listen: bool = False):
         super().__init__(config.models[0], config.service)
-        self._api = create_app(config, {self.model.id: self}, echo_request_id=listen)
+        self._api = create_app(config, {self.model.id: self}, behind_serve_proxy=not listen)
         self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self):
@@ -165,7 +165,7 @@ class Ingress:
     def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle], listen: bool = False):
         _keep_replica_port_on_loopback()
         configure_logging(config.service.log_level)
-        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, echo_request_id=listen)
+        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, behind_serve_proxy=not listen)
         self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self):

@@ -10,12 +10,13 @@ handle adapter (`builder.HandleBackend`) in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Mapping, Protocol
+from typing import Any, AsyncIterator, Awaitable, Mapping, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +39,7 @@ OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes 
 KNOWN_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
                              "/health", "/livez", "/stats", "/metrics"})
 GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; only the access log sees it
 QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
 access_log = logging.getLogger("app.access")
 
@@ -223,9 +225,37 @@ class Gate:
                                               "duration_ms": round((time.perf_counter() - started) * 1000, 1)})
 
 
-def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_id: bool = True) -> FastAPI:
-    """The OpenAI API over `backends` (model id -> backend). Behind Ray Serve, pass
-    `echo_request_id=False`: Serve's proxy already returns X-Request-Id (the client's, or its own)."""
+async def _cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """Runs a route's `work`, cancelling it if the client hangs up first. Serve's proxy cancels the
+    task itself; a plain uvicorn only reports it as an `http.disconnect` from `receive()`, which no
+    one reads while a non-streaming request generates (a stream's body notices on its own). The
+    cancellation then takes the usual path: `finally` blocks abort the engine request."""
+
+    async def until_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(until_disconnect())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watch.exception() is not None:  # receive() failed: no word on the client
+            await asyncio.wait((task,))
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():  # the client left; nobody reads this, but the access log shows why it ended
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return task.result()
+
+
+def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_proxy: bool = False) -> FastAPI:
+    """The OpenAI API over `backends` (model id -> backend). `behind_serve_proxy`: Serve's HTTP proxy
+    answers the socket; it returns X-Request-Id itself and cancels the request's task when the client
+    hangs up. Without it (a plain uvicorn, tests), the app does both."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
     models: dict[str, ModelConfig] = {m.id: m for m in config.models}
     timeout_s = config.service.request_timeout_s
@@ -312,16 +342,20 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     # The OpenAPI document names both bodies a generation route answers with; /metrics is Prometheus text.
     streamed = {200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}}
 
+    async def generate(request: Request, body: ChatCompletionRequest | CompletionRequest, shape, prefix: str):
+        work = _generate(request, body, shape, prefix)
+        return await (work if behind_serve_proxy else _cancel_on_disconnect(request, work))
+
     @api.post("/v1/chat/completions", responses=streamed)
     async def chat_completions(request: Request, body: ChatCompletionRequest):
-        return await _generate(request, body, ChatShape(), "chatcmpl")
+        return await generate(request, body, ChatShape(), "chatcmpl")
 
     @api.post("/v1/completions", responses=streamed)
     async def completions(request: Request, body: CompletionRequest):
         shape = CompletionShape(echo_text=(body.prompt if isinstance(body.prompt, str) else "") if body.echo else None)
         if body.echo and isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
             shape.echo_text = body.prompt[0]
-        return await _generate(request, body, shape, "cmpl")
+        return await generate(request, body, shape, "cmpl")
 
     @api.get("/v1/models")
     async def list_models():
@@ -385,7 +419,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], echo_request_
     api.state.lifecycle = Lifecycle()
     api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()], max_body_bytes=config.service.max_body_bytes,
                        max_header_bytes=config.service.max_header_bytes,
-                       lifecycle=api.state.lifecycle, echo_request_id=echo_request_id, metrics=metrics, capacity=capacity)
+                       lifecycle=api.state.lifecycle, echo_request_id=not behind_serve_proxy, metrics=metrics, capacity=capacity)
     return api
 
 

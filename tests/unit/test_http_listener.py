@@ -61,6 +61,20 @@ async def test_a_client_that_hangs_up_mid_stream_aborts_the_engine_request(serve
     assert stack.host.admission.stats().in_system == 0
 
 
+async def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(served):
+    """uvicorn cancels nothing itself: the app must watch for the disconnect while the answer is generated."""
+    stack, base, _ = served
+    async with httpx.AsyncClient(base_url=base, timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/v1/chat/completions", json=chat_body(max_tokens=100, ignore_eos=True))  # ~2 s of tokens
+    for _ in range(100):
+        if stack.engine.aborted and not stack.engine.running:
+            break
+        await asyncio.sleep(0.05)
+    assert len(stack.engine.aborted) == 1 and not stack.engine.running
+    assert stack.host.admission.stats().in_system == 0
+
+
 async def test_stop_releases_the_port(served):
     _, base, listener = served
     await listener.stop()

@@ -71,13 +71,17 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
     print(f"in-flight stream ended {ended_s:.2f} s after the kill")
 
     saw_unhealthy = False
+    refused_s = 0.0  # connections refused: the dead replica has stopped listening, its replacement not yet
     recovered_s = None
     while time.monotonic() - killed_at < RECOVERY_TIMEOUT_S:
         try:
-            # With one replica there is a gap of a few seconds, between Serve stopping the dead replica and the
-            # new one starting, in which the proxy holds requests; then the new replica answers 503 "starting".
+            # With one replica, which listens itself, there is a gap of a few seconds between Serve stopping the
+            # dead replica and the new one listening, in which connections are refused; then the new replica
+            # answers 503 "starting" until its engine is loaded.
             if httpx.get(f"{service.base_url}/health", timeout=5).status_code == 503:
                 saw_unhealthy = True
+        except httpx.ConnectError:
+            refused_s += 1
         except httpx.TimeoutException:
             pass
         try:
@@ -90,6 +94,7 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
         except httpx.HTTPError:
             pass
         time.sleep(1)
+    print(f"connections refused for about {refused_s:.0f} s during the replacement")
     assert saw_unhealthy, "/health never reported the dead engine"
     assert recovered_s is not None, f"no successful answer within {RECOVERY_TIMEOUT_S} s of the kill"
     print(f"service answered again {recovered_s:.1f} s after the engine was killed")

@@ -112,3 +112,34 @@ def test_only_a_single_http_replica_may_own_the_port():
     with pytest.raises(ConfigError, match="one replica answers all HTTP"):
         build_from_config(several, listen=True)
     assert build_from_config(make_config(), listen=True) is not None
+
+
+async def test_the_refusal_probe_sees_a_full_service_refuse_at_once():
+    """scripts/refusal_probe.py, which scripts/overload.py runs beside its load, against a listener whose one
+    slot is taken and whose queue has no room."""
+    import importlib.util
+
+    from tests.unit.unit_support import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("refusal_probe", REPO_ROOT / "scripts" / "refusal_probe.py")
+    refusal_probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(refusal_probe)
+
+    stack = Stack(make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0}),
+                  FakeEngine(max_model_len=256, token_delay_s=0.05))
+    port = _free_port()
+    listener = HttpListener(stack.app, "127.0.0.1", port)
+    listener.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            busy = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=60, ignore_eos=True)))
+            while not stack.engine.running:
+                await asyncio.sleep(0.01)
+            seen = await asyncio.to_thread(refusal_probe.probe, base, stack.config.models[0].id, None, 0.5, 0.02, 10)
+            assert (await busy).status_code == 200
+    finally:
+        await listener.stop()
+        await stack.aclose()
+    assert len(seen["refused"]) >= 3 and not seen["served"] and not seen["other"], {k: len(v) for k, v in seen.items()}
+    assert len(seen["livez"]) == len(seen["refused"])

@@ -38,9 +38,6 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica shards the model over.")
     seed: int = Field(0, description="Engine-wide random seed.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model folder. Only for models you trust.")
-    process_nice: int = Field(0, ge=0, le=19, description="Nice value of the engine's processes (vLLM's EngineCore and its worker). "
-                              "On a CPU host the engine computes on the cores the HTTP front end needs; a higher value lets "
-                              "refusals, health checks and token streaming preempt it. Leave 0 on a GPU host.")
 
 
 class DeploymentConfig(_Strict):

@@ -8,12 +8,9 @@ engine's memory does not grow with the number of requests.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from typing import AsyncIterator, Iterator
-
-import psutil
+from typing import AsyncIterator
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -116,26 +113,6 @@ def _logprobs(completion, top_k: int) -> tuple[TokenLogprob, ...]:
     return tuple(out)
 
 
-@contextlib.contextmanager
-def _nice_children(nice: int) -> Iterator[None]:
-    """Processes started inside the block (vLLM's EngineCore and its worker) run at `nice`, every
-    thread of them (Linux keeps a nice value per thread; threads started later inherit it).
-    This process's own threads keep theirs: they stream tokens and answer HTTP."""
-    if not nice:
-        yield
-        return
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    yield
-    for child in me.children(recursive=True):
-        if child.pid in before:
-            continue
-        with contextlib.suppress(psutil.Error, OSError):
-            for thread in child.threads():
-                os.setpriority(os.PRIO_PROCESS, thread.id, nice)
-            log.info("engine process %d (%s) runs at nice %d", child.pid, child.name(), nice)
-
-
 class VLLMEngine:
     def __init__(self, model: ModelConfig):
         self._model = model
@@ -146,8 +123,7 @@ class VLLMEngine:
     def start(self) -> None:
         if not self._model.on_gpu and self._model.engine.kv_cache_gib:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._model.engine.kv_cache_gib)
-        with _nice_children(self._model.engine.process_nice):
-            self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[_StatsRecorder])
+        self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[_StatsRecorder])
         self._stats = _StatsRecorder.latest
         self._tokenizer = self._llm.get_tokenizer()
         log.info("engine for %s ready: KV cache holds %d tokens", self._model.id, self.kv_cache_tokens)

@@ -458,6 +458,21 @@ def prepare_model() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def warmups_for(system: str, concurrency: int, chosen: int | None) -> int:
+    """By default a run starts warm at its own concurrency: the first batch of a new size costs the CPU engine
+    about a second (seen in TTFT p50 of fresh runs at c=16), which would otherwise land in a 25-second run.
+    The naive baseline never batches; two warm-ups are all it needs (each costs it seconds)."""
+    if chosen is not None:
+        return chosen
+    return 2 if system == "naive" else max(2, concurrency)
+
+
+def warmups_text(chosen: int | None) -> str:
+    if chosen is not None:
+        return f"{chosen} warm-up request(s) per run"
+    return "warm-up requests per run sent at the run's concurrency, as many as the concurrency (at least 2; the naive baseline: 2)"
+
+
 def plan(args) -> list[tuple[int, int, int]]:
     """(concurrency, num_prompts, output_len) for each step of the sweep."""
     steps = []
@@ -492,7 +507,7 @@ def bench_system(system: str, args, model_dir: str, work: Path, steps) -> System
             if system == "naive" and args.num_prompts is None:
                 n = min(n, NAIVE_MAX_PROMPTS)  # it serves ~30 tok/s whatever the load: 256 prompts at c=64 would take 20 min
             name = f"{system}-c{c}.json"
-            cmd = load_command(port, model_dir, c, n, args.input_len, out_len, args.warmups, work, name)
+            cmd = load_command(port, model_dir, c, n, args.input_len, out_len, warmups_for(system, c, args.warmups), work, name)
             timeout = args.run_timeout or max(300.0, 60 + n * out_len / 10.0)  # a floor of 10 output tokens/s
             say(f"{system}: concurrency {c}, {n} prompts, {args.input_len} in / {out_len} out tokens")
             launched.sampler.reset_peak()
@@ -593,7 +608,7 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         "does not refuse), `deployment.max_queued_requests: 64`, `limits.max_tokens` at least the output length.",
         f"- Load: vLLM's own load generator (`vllm bench serve`, via `benchmarks/vllm_bench_serve.py`), backend `openai-chat`, "
         f"streaming `/v1/chat/completions`, random dataset (seed {SEED}), {args.input_len}-token prompts, fixed output length "
-        f"with `ignore_eos`, greedy (temperature 0), {args.warmups} warm-up request(s) per run, the same byte-identical prompts "
+        f"with `ignore_eos`, greedy (temperature 0), {warmups_text(args.warmups)}, the same byte-identical prompts "
         "for every system (server-side prompt re-alignment off). Output length and number of prompts per concurrency are in the table.",
         "- Peak RSS: the peak of the summed resident memory of the system's whole process tree (children, Ray workers and "
         "the engine process included; pages shared between processes are counted in each), sampled every 0.5 s during the run.",
@@ -739,7 +754,8 @@ def parse_args(argv=None):
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default max(8, 4 x concurrency); --quick: 4)")
     p.add_argument("--input-len", type=int, default=None, help=f"prompt tokens (default {DEFAULT_INPUT_LEN}; --quick: 32)")
     p.add_argument("--output-len", type=int, default=None, help="output tokens (default 64 at concurrency 1, else 128; --quick: 16)")
-    p.add_argument("--warmups", type=int, default=None, help="warm-up requests before each run (default 2; --quick: 1)")
+    p.add_argument("--warmups", type=int, default=None,
+                   help="warm-up requests before each run (default: as many as the concurrency, at least 2; naive: 2; --quick: 1)")
     p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where benchmarks.md and the plots go (default docs/)")
     p.add_argument("--work-dir", type=Path, default=None, help="raw results and logs (default bench-results/<timestamp>/)")
     p.add_argument("--model-dir", default=None, help="model folder (default: `python -m app prepare-model`)")
@@ -769,7 +785,6 @@ def parse_args(argv=None):
         args.output_len = args.output_len or 16
         args.warmups = 1 if args.warmups is None else args.warmups
     args.input_len = args.input_len or DEFAULT_INPUT_LEN
-    args.warmups = 2 if args.warmups is None else args.warmups
     if any(c < 1 for c in args.concurrency) or not args.concurrency:
         p.error("--concurrency needs positive integers")
     return args

@@ -22,6 +22,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from app.config import ModelConfig
+from app.cpu_affinity import keep_off_engine_cores
 from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
 from app.model_store import resolve_source
 
@@ -124,6 +125,8 @@ class VLLMEngine:
         if not self._model.on_gpu and self._model.engine.kv_cache_gib:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._model.engine.kv_cache_gib)
         self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[_StatsRecorder])
+        if not self._model.on_gpu:
+            keep_off_engine_cores()
         self._stats = _StatsRecorder.latest
         self._tokenizer = self._llm.get_tokenizer()
         log.info("engine for %s ready: KV cache holds %d tokens", self._model.id, self.kv_cache_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import uuid
@@ -78,3 +79,20 @@ def test_every_port_the_service_opens_is_on_loopback(service):
     exposed = [(c.laddr.ip, c.laddr.port, " ".join(psutil.Process(c.pid).cmdline())[:80])
                for c in listening if c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
     assert exposed == []
+
+
+def test_the_replica_and_engine_core_keep_off_the_compute_cores(service):
+    """On the CPU, vLLM binds its worker's compute threads to some cores; the replica (HTTP, token streaming)
+    and the EngineCore are moved to the others, so they never preempt the computation."""
+    tree = psutil.Process(service.proc.pid).children(recursive=True)
+    workers = [p for p in tree if "VLLM::Worker" in p.name()]
+    if len(psutil.Process().cpu_affinity()) < 2 or not workers:
+        pytest.skip("one core only, or no bound compute worker")
+    compute = set().union(*(p.cpu_affinity() for p in workers))
+    replica = next(p for p in tree if "ServeReplica" in p.name())
+    engine_core = next(p for p in replica.children(recursive=True) if "EngineCore" in p.name())
+    everything = set(psutil.Process().cpu_affinity())
+    assert compute < everything
+    for process in (replica, engine_core):
+        for thread in process.threads():
+            assert set(os.sched_getaffinity(thread.id)).isdisjoint(compute), (process.name(), thread.id)

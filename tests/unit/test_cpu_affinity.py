@@ -1,0 +1,54 @@
+"""`cpu_affinity.keep_off_engine_cores` on real processes: a stand-in replica with a stand-in compute
+worker (bound to one core, named as vLLM names it) and a stand-in EngineCore. It runs in a child
+process, so the test runner's own affinity is never touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.unit_support import REPO_ROOT
+
+REPLICA = r"""
+import ctypes, json, os, subprocess, sys, time
+import psutil
+from app.cpu_affinity import keep_off_engine_cores
+
+compute = int(sys.argv[1])
+named = ("import ctypes, os, sys, time; ctypes.CDLL('libc.so.6').prctl(15, sys.argv[1].encode(), 0, 0, 0); "
+         "os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(',')}); time.sleep(30)")
+everything = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+worker = subprocess.Popen([sys.executable, "-c", named, "VLLM::Worker", str(compute)])
+core = subprocess.Popen([sys.executable, "-c", named, "VLLM::EngineCo", everything])
+deadline = time.time() + 10
+while time.time() < deadline and psutil.Process(worker.pid).name() != "VLLM::Worker":
+    time.sleep(0.05)
+time.sleep(0.3)  # let both children apply their names and affinity
+front = keep_off_engine_cores()
+print(json.dumps({"front": sorted(front), "me": sorted(os.sched_getaffinity(0)),
+                  "core": sorted(psutil.Process(core.pid).cpu_affinity()),
+                  "worker": sorted(psutil.Process(worker.pid).cpu_affinity())}))
+for p in (worker, core):
+    p.kill()
+"""
+
+
+def _run(compute: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", REPLICA, str(compute)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to set one apart")
+def test_the_front_end_moves_off_the_core_the_worker_computes_on():
+    cpus = sorted(os.sched_getaffinity(0))
+    compute = cpus[0]
+    rest = [c for c in cpus if c != compute]
+    seen = _run(compute)
+    assert seen["front"] == rest
+    assert seen["me"] == rest and seen["core"] == rest  # the replica and the EngineCore leave the compute core
+    assert seen["worker"] == [compute]  # the worker keeps its binding

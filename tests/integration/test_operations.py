@@ -89,8 +89,11 @@ def test_the_replica_and_engine_core_keep_off_the_compute_cores(service):
     if len(psutil.Process().cpu_affinity()) < 2 or not workers:
         pytest.skip("one core only, or no bound compute worker")
     compute = set().union(*(p.cpu_affinity() for p in workers))
-    replica = next(p for p in tree if "ServeReplica" in p.name())
-    engine_core = next(p for p in replica.children(recursive=True) if "EngineCore" in p.name())
+    def titled(p: psutil.Process, mark: str) -> bool:
+        return mark in p.name() + " ".join(p.cmdline())  # process titles can outgrow the 15-character name
+
+    replica = next(p for p in tree if titled(p, "ServeReplica"))
+    engine_core = next(p for p in replica.children(recursive=True) if titled(p, "EngineCore"))
     everything = set(psutil.Process().cpu_affinity())
     assert compute < everything
     for process in (replica, engine_core):

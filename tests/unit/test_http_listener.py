@@ -35,6 +35,15 @@ async def served():
         await stack.aclose()
 
 
+async def _assert_aborted_once(stack) -> None:
+    for _ in range(100):  # the server notices a closed socket on its next write or receive
+        if stack.engine.aborted and not stack.engine.running:
+            break
+        await asyncio.sleep(0.05)
+    assert len(stack.engine.aborted) == 1 and not stack.engine.running
+    assert stack.host.admission.stats().in_system == 0
+
+
 async def test_serves_the_api_and_echoes_the_request_id(served):
     stack, base, _ = served
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
@@ -53,12 +62,7 @@ async def test_a_client_that_hangs_up_mid_stream_aborts_the_engine_request(serve
             lines = r.aiter_lines()
             while "data:" not in await anext(lines):
                 pass
-    for _ in range(100):  # the server notices the closed socket on its next write
-        if stack.engine.aborted and not stack.engine.running:
-            break
-        await asyncio.sleep(0.05)
-    assert len(stack.engine.aborted) == 1 and not stack.engine.running
-    assert stack.host.admission.stats().in_system == 0
+    await _assert_aborted_once(stack)
 
 
 async def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(served):
@@ -67,12 +71,7 @@ async def test_a_client_that_gives_up_on_a_non_streaming_request_aborts_it(serve
     async with httpx.AsyncClient(base_url=base, timeout=0.5) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/v1/chat/completions", json=chat_body(max_tokens=100, ignore_eos=True))  # ~2 s of tokens
-    for _ in range(100):
-        if stack.engine.aborted and not stack.engine.running:
-            break
-        await asyncio.sleep(0.05)
-    assert len(stack.engine.aborted) == 1 and not stack.engine.running
-    assert stack.host.admission.stats().in_system == 0
+    await _assert_aborted_once(stack)
 
 
 async def test_stop_releases_the_port(served):

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import Callable
 from pathlib import Path
 
 from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, load_config
@@ -70,17 +71,19 @@ def kill_descendants(grace_s: float = 5.0) -> int:
     return len(procs)
 
 
-def _wait_healthy(host: str, port: int, timeout_s: float, stop: threading.Event) -> bool:
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
+def wait_healthy(base_url: str, timeout_s: float, gave_up: Callable[[], bool] = lambda: False,
+                 pause: Callable[[float], object] = time.sleep) -> bool:
+    """Polls `base_url`/health until it answers 200 (True), or `timeout_s` passes or `gave_up()` (False).
+    Also what the integration tests wait with."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not stop.is_set():
+    while time.monotonic() < deadline and not gave_up():
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
                 if resp.status == 200:
                     return True
-        except Exception:
+        except Exception:  # not listening yet, or 503 while starting
             pass
-        stop.wait(1.0)
+        pause(1.0)
     return False
 
 
@@ -147,7 +150,8 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
         except RuntimeError as err:
             _say(f"deployment failed; the replica logs above say why. {err}")
             return 1
-        if not _wait_healthy(config.service.host, config.service.port, startup_timeout_s, stop):
+        local = "127.0.0.1" if config.service.host in ("0.0.0.0", "::") else config.service.host
+        if not wait_healthy(f"http://{local}:{config.service.port}", startup_timeout_s, gave_up=stop.is_set, pause=stop.wait):
             if not stop.is_set():
                 _say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
                 return 1

@@ -561,6 +561,7 @@ class OwnService:
         log(f"started the service (pid {self.proc.pid}) on {self.base_url}; log {self.log_path}")
 
     def wait_healthy(self) -> bool:
+        # Not app.cli.wait_healthy: this script imports nothing from app/, so it can drive any deployment by URL.
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -19,6 +19,8 @@ import psutil
 import pytest
 import yaml
 
+from app.cli import wait_healthy
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-integration"
 MODEL = "smollm2-135m-instruct"
@@ -75,17 +77,7 @@ class Service:
             time.sleep(0.2)
 
     def wait_healthy(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        return False
+        return wait_healthy(self.base_url, timeout_s, gave_up=lambda: self.proc.poll() is not None)
 
 
 def base_config(port: int) -> dict:

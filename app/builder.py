@@ -155,6 +155,11 @@ class ModelServer(EngineReplica):
     def __serve_build_asgi_app__(self):
         return self._api
 
+    def __del__(self):
+        if getattr(self, "_listener", None) is not None:
+            self._listener.stop_accepting()
+        super().__del__()
+
     async def drain(self, grace_s: float) -> int:
         self.close_admission()
         return await self._api.state.lifecycle.drain(grace_s)
@@ -170,6 +175,11 @@ class Ingress:
 
     def __serve_build_asgi_app__(self):
         return self._api
+
+    def __del__(self):
+        # Ray Serve calls this when it stops the replica.
+        if getattr(self, "_listener", None) is not None:
+            self._listener.stop_accepting()
 
     async def drain(self, grace_s: float) -> int:
         """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""

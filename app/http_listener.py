@@ -47,7 +47,8 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 
 class HttpListener:
-    """Lifecycle: `start()` (binds and serves in the running event loop) → `stop()`."""
+    """Lifecycle: `start()` (binds and serves in the running event loop) → `stop_accepting()` (when the
+    replica is being stopped) → `stop()`."""
 
     def __init__(self, app, host: str, port: int):
         self.host, self.port = host, port
@@ -70,6 +71,17 @@ class HttpListener:
     def _on_exit(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("the replica's HTTP server stopped: %r", task.exception())
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket now, synchronously; connections already open are left to `stop()`.
+
+        A replica that Serve is stopping may share the port (SO_REUSEPORT) with its replacement: while
+        its socket stays open the kernel keeps handing it new connections, which would die with it."""
+        if self._server is None:
+            return
+        for server in self._server.servers:
+            server.close()
+        self._server.should_exit = True
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         if self._server is None or self._task is None:

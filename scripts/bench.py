@@ -6,11 +6,13 @@ with the same load (vLLM's own load generator, `vllm bench serve`, against the s
 endpoint), stops it (leaving no process behind) and moves on. Then writes a Markdown report
 and two plots.
 
-Systems (--systems, in this order by default):
-  app      this project: `python -m app serve --config <generated from configs/cpu.yaml>`
-  vllm     bare vLLM: `python -m vllm.entrypoints.openai.api_server ...`
-  ray-llm  Ray Serve LLM: benchmarks/ray_serve_llm.py (ray.serve.llm.build_openai_app)
-  naive    baseline: benchmarks/naive_fastapi.py (FastAPI + transformers generate, Semaphore(2))
+Systems (--systems; by default app, vllm, ray-llm, naive, in this order; `all` adds the others):
+  app          this project: `python -m app serve --config <generated from configs/cpu.yaml>`
+  app-proxy    the same through Ray Serve's HTTP proxy (`--serve-proxy`), the KubeRay path
+  app-ingress  the same with a separate ingress deployment (`service.colocate_ingress: false`)
+  vllm         bare vLLM: `python -m vllm.entrypoints.openai.api_server ...`
+  ray-llm      Ray Serve LLM: benchmarks/ray_serve_llm.py (ray.serve.llm.build_openai_app)
+  naive        baseline: benchmarks/naive_fastapi.py (FastAPI + transformers generate, Semaphore(2))
 
 Identical engine settings for the vLLM-based systems: enforce_eager, dtype bfloat16,
 max_model_len 2048, max_num_seqs 64, KV cache 2 GiB (VLLM_CPU_KVCACHE_SPACE=2 /
@@ -19,7 +21,10 @@ kv_cache_gib 2), one engine replica. The naive baseline loads the same folder in
 Load, the same for every system: backend openai-chat, endpoint /v1/chat/completions
 (streaming), random dataset with a fixed seed, fixed input length, fixed output length
 with ignore_eos, greedy (temperature 0), for each --max-concurrency in the sweep with
-num-prompts scaled to concurrency. Peak memory is the peak of the summed RSS of the
+num-prompts scaled to concurrency. Each concurrency runs --repeats times (seeds 0, 1, ...: the
+same prompts for every system in the same repeat, new prompts for each repeat, so no prefix
+cache carries over) and the figures pool every request of the repeats; a run-to-run spread on
+a shared machine of a few percent would otherwise decide a 0.95x target. Peak memory is the peak of the summed RSS of the
 system's whole process tree (children included), sampled while the load runs.
 
     .venv/bin/python scripts/bench.py                       # the full sweep (make bench)
@@ -59,6 +64,8 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 MODEL_ID = "smollm2-135m-instruct"
 SYSTEMS = ("app", "app-proxy", "app-ingress", "vllm", "ray-llm", "naive")
+DEFAULT_SYSTEMS = ("app", "vllm", "ray-llm", "naive")  # the ones the targets compare; `--systems all` for every one
+DEFAULT_REPEATS = 3
 NAIVE_MAX_PROMPTS = 32
 LABELS = {
     "app": "this project",
@@ -394,12 +401,12 @@ def wait_ready(launched: Launched, port: int, timeout_s: float) -> str | None:
 
 
 def load_command(port: int, model_dir: str, concurrency: int, num_prompts: int, input_len: int, output_len: int,
-                 warmups: int, result_dir: Path, result_name: str) -> list[str]:
+                 warmups: int, result_dir: Path, result_name: str, seed: int = SEED) -> list[str]:
     return [PY, str(REPO / "benchmarks" / "vllm_bench_serve.py"), "--no-server-alignment",
             "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
             "--host", "127.0.0.1", "--port", str(port), "--model", MODEL_ID, "--tokenizer", model_dir,
             "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--random-range-ratio", "0", "--seed", str(SEED), "--ignore-eos", "--temperature", "0",
+            "--random-range-ratio", "0", "--seed", str(seed), "--ignore-eos", "--temperature", "0",
             "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--num-warmups", str(warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_name,
@@ -430,21 +437,38 @@ def run_load(cmd: list[str], log_path: Path, timeout_s: float) -> str | None:
     return None
 
 
-def summarize(result_path: Path) -> dict:
-    d = json.loads(result_path.read_text())
-    errors = [e for e in d.get("errors", []) if e]
+def summarize(result_paths: list[Path]) -> dict:
+    """The figures of one system at one concurrency, pooled over its repeats (the load generator's detailed
+    results): throughput is all tokens over all run time, percentiles are over every request (TTFT, E2E) or
+    every token gap (ITL) of every repeat, computed as the load generator does (numpy, linear)."""
+    import numpy as np
+
+    runs = [json.loads(p.read_text()) for p in result_paths]
+    ttfts, itls, e2els = [], [], []
     distinct: dict[str, int] = {}
-    for e in errors:
-        key = e.strip().splitlines()[-1][:200] if e.strip() else "(empty)"
-        distinct[key] = distinct.get(key, 0) + 1
+    for d in runs:
+        for i, error in enumerate(d["errors"]):
+            if error:
+                key = error.strip().splitlines()[-1][:200] if error.strip() else "(empty)"
+                distinct[key] = distinct.get(key, 0) + 1
+                continue
+            ttfts.append(d["ttfts"][i])
+            itls.extend(d["itls"][i])
+            e2els.append(d["latencies"][i])
+
+    def pct(samples: list[float], q: int) -> float | None:
+        return float(np.percentile(samples, q)) * 1000 if samples else None
+
+    duration = sum(d["duration"] for d in runs)
+    tokens = sum(d["total_output_tokens"] for d in runs)
+    completed = sum(d["completed"] for d in runs)
     return {
-        "completed": d["completed"], "failed": d["failed"], "duration_s": d["duration"],
-        "output_tok_s": d["output_throughput"], "req_s": d["request_throughput"],
-        "total_output_tokens": d["total_output_tokens"],
-        "ttft_p50_ms": d.get("p50_ttft_ms"), "ttft_p99_ms": d.get("p99_ttft_ms"),
-        "itl_p50_ms": d.get("p50_itl_ms"), "itl_p99_ms": d.get("p99_itl_ms"),
-        "tpot_p50_ms": d.get("p50_tpot_ms"),
-        "e2el_p50_ms": d.get("p50_e2el_ms"), "e2el_p99_ms": d.get("p99_e2el_ms"),
+        "repeats": len(runs), "completed": completed, "failed": sum(d["failed"] for d in runs), "duration_s": duration,
+        "output_tok_s": tokens / duration, "req_s": completed / duration, "total_output_tokens": tokens,
+        "output_tok_s_runs": [d["output_throughput"] for d in runs],
+        "ttft_p50_ms": pct(ttfts, 50), "ttft_p99_ms": pct(ttfts, 99),
+        "itl_p50_ms": pct(itls, 50), "itl_p99_ms": pct(itls, 99),
+        "e2el_p50_ms": pct(e2els, 50), "e2el_p99_ms": pct(e2els, 99),
         "errors": distinct,
     }
 
@@ -472,6 +496,13 @@ def warmups_text(chosen: int | None) -> str:
     if chosen is not None:
         return f"{chosen} warm-up request(s) per run"
     return "warm-up requests per run sent at the run's concurrency, as many as the concurrency (at least 2; the naive baseline: 2)"
+
+
+def repeats_for(system: str, chosen: int | None) -> int:
+    """The naive baseline runs once unless asked: its figures barely move and each run costs it minutes."""
+    if chosen is not None:
+        return chosen
+    return 1 if system == "naive" else DEFAULT_REPEATS
 
 
 def plan(args) -> list[tuple[int, int, int]]:
@@ -507,22 +538,32 @@ def bench_system(system: str, args, model_dir: str, work: Path, steps) -> System
         for c, n, out_len in steps:
             if system == "naive" and args.num_prompts is None:
                 n = min(n, NAIVE_MAX_PROMPTS)  # it serves ~30 tok/s whatever the load: 256 prompts at c=64 would take 20 min
-            name = f"{system}-c{c}.json"
-            cmd = load_command(port, model_dir, c, n, args.input_len, out_len, warmups_for(system, c, args.warmups), work, name)
+            repeats = repeats_for(system, args.repeats)
             timeout = args.run_timeout or max(300.0, 60 + n * out_len / 10.0)  # a floor of 10 output tokens/s
-            say(f"{system}: concurrency {c}, {n} prompts, {args.input_len} in / {out_len} out tokens")
+            say(f"{system}: concurrency {c}, {n} prompts, {args.input_len} in / {out_len} out tokens, {repeats} repeat(s)")
             launched.sampler.reset_peak()
-            err = run_load(cmd, work / f"{system}-c{c}.load.log", timeout)
+            results, err, cmd = [], None, []
+            for repeat in range(repeats):
+                name = f"{system}-c{c}-r{repeat}.json"
+                warmups = warmups_for(system, c, args.warmups) if repeat == 0 else 0  # the engine has seen this batch size
+                cmd = load_command(port, model_dir, c, n, args.input_len, out_len, warmups, work, name, seed=SEED + repeat)
+                err = run_load(cmd, work / f"{system}-c{c}.load.log", timeout)
+                if err is None and not (work / name).exists():
+                    err = "no result file"
+                if err is not None:
+                    break
+                results.append(work / name)
             launched.sampler.sample()
             row = {"system": system, "concurrency": c, "num_prompts": n, "input_len": args.input_len, "output_len": out_len,
                    "peak_rss_bytes": launched.sampler.peak, "load_command": shlex.join(cmd)}
-            if err is None and (work / name).exists():
-                row.update(summarize(work / name))
+            if err is None:
+                row.update(summarize(results))
                 row["status"] = "ok"
-                say(f"{system}: c={c}: {row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
+                say(f"{system}: c={c}: {row['output_tok_s']:.1f} tok/s (runs: "
+                    f"{', '.join(f'{t:.1f}' for t in row['output_tok_s_runs'])}), TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
                     f"{row['failed']} failed, peak RSS {row['peak_rss_bytes'] / 2**30:.2f} GiB")
             else:
-                row["status"] = err or "no result file"
+                row["status"] = err
                 say(f"{system}: c={c}: {row['status']}")
             run.rows.append(row)
             if launched.proc.poll() is not None:
@@ -573,6 +614,21 @@ def _f(v, fmt="{:.0f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def repeats_text(chosen: int | None) -> str:
+    if chosen is not None:
+        return f"{chosen} per concurrency for every system"
+    return f"{DEFAULT_REPEATS} per concurrency for the vLLM-based systems, 1 for the naive baseline"
+
+
+def _run_ratios(r: dict, b: dict) -> str:
+    """The spread of one repeat's throughput over bare vLLM's same repeat (same prompts)."""
+    mine, theirs = r.get("output_tok_s_runs") or [], b.get("output_tok_s_runs") or []
+    ratios = [m / t for m, t in zip(mine, theirs) if t]
+    if len(ratios) < 2:
+        return "–"
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+
+
 def _ratio(a, b) -> str:
     if a is None or b in (None, 0):
         return "–"
@@ -608,9 +664,13 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         "(`max_num_seqs: 64`), `deployment.max_ongoing_requests: 64` (at least the highest concurrency, so admission "
         "does not refuse), `deployment.max_queued_requests: 64`, `limits.max_tokens` at least the output length.",
         f"- Load: vLLM's own load generator (`vllm bench serve`, via `benchmarks/vllm_bench_serve.py`), backend `openai-chat`, "
-        f"streaming `/v1/chat/completions`, random dataset (seed {SEED}), {args.input_len}-token prompts, fixed output length "
-        f"with `ignore_eos`, greedy (temperature 0), {warmups_text(args.warmups)}, the same byte-identical prompts "
+        f"streaming `/v1/chat/completions`, random dataset, {args.input_len}-token prompts, fixed output length "
+        f"with `ignore_eos`, greedy (temperature 0), {warmups_text(args.warmups)} (before the first repeat only), the same byte-identical prompts "
         "for every system (server-side prompt re-alignment off). Output length and number of prompts per concurrency are in the table.",
+        f"- Repeats: {repeats_text(getattr(args, 'repeats', 1))}. Repeat *i* uses seed {SEED} + *i*: every system gets the same prompts "
+        "in the same repeat, and no repeat reuses another's prompts (so the prefix cache does not flatter later ones). The figures pool "
+        "every request of every repeat: throughput is all output tokens over all run time; percentiles are over all requests (TTFT, E2E) "
+        "or all token gaps (ITL). Why: on a shared machine one run's throughput moves by a few percent from run to run.",
         "- Peak RSS: the peak of the summed resident memory of the system's whole process tree (children, Ray workers and "
         "the engine process included; pages shared between processes are counted in each), sampled every 0.5 s during the run.",
         "- Exact command: `" + meta["command"] + "`",
@@ -620,20 +680,21 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
     for run in runs:
         lines.append(f"- **{LABELS[run.system]}** (`{run.system}`): {DESCRIPTIONS[run.system]}.")
     lines += ["", "## Results", "",
-              "Latencies in ms (p50 / p99). Throughput is output tokens/s and completed requests/s over the run.", "",
-              "| System | Conc. | Prompts | Out len | Output tok/s | Req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | Failed | Peak RSS (GiB) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "Latencies in ms (p50 / p99). Throughput is output tokens/s and completed requests/s over all runs. "
+              "Prompts: per run; Runs: repeats pooled.", "",
+              "| System | Conc. | Prompts | Runs | Out len | Output tok/s | Req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | Failed | Peak RSS (GiB) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         if not run.rows:
-            lines.append(f"| {LABELS[run.system]} | – | – | – | not run | | | | | | | | | |")
+            lines.append(f"| {LABELS[run.system]} | – | – | – | – | not run | | | | | | | | | |")
             continue
         for r in run.rows:
             if r.get("status") != "ok":
-                lines.append(f"| {LABELS[run.system]} | {r['concurrency']} | {r['num_prompts']} | {r['output_len']} | "
+                lines.append(f"| {LABELS[run.system]} | {r['concurrency']} | {r['num_prompts']} | – | {r['output_len']} | "
                              f"failed: {r['status'][:120]} | | | | | | | | | {r['peak_rss_bytes'] / 2**30:.2f} |")
                 continue
             lines.append(
-                f"| {LABELS[run.system]} | {r['concurrency']} | {r['num_prompts']} | {r['output_len']} | {r['output_tok_s']:.1f} | "
+                f"| {LABELS[run.system]} | {r['concurrency']} | {r['num_prompts']} | {r.get('repeats', 1)} | {r['output_len']} | {r['output_tok_s']:.1f} | "
                 f"{r['req_s']:.2f} | {_f(r['ttft_p50_ms'])} | {_f(r['ttft_p99_ms'])} | {_f(r['itl_p50_ms'], '{:.1f}')} | "
                 f"{_f(r['itl_p99_ms'], '{:.1f}')} | {_f(r['e2el_p50_ms'])} | {_f(r['e2el_p99_ms'])} | {r['failed']} | "
                 f"{r['peak_rss_bytes'] / 2**30:.2f} |")
@@ -649,15 +710,16 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         lines += ["Bare vLLM has no successful run here, so there are no ratios.", ""]
     else:
         lines += ["Each system's figure divided by bare vLLM's at the same concurrency (throughput: higher is better; "
-                  "latency and memory: lower is better).", "",
-                  "| System | Conc. | Output tok/s | Req/s | TTFT p50 | ITL p50 | E2E p50 | Peak RSS |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "latency and memory: lower is better). Per run: the lowest and highest of one repeat's throughput over "
+                  "bare vLLM's in the same repeat (same prompts).", "",
+                  "| System | Conc. | Output tok/s | per run | Req/s | TTFT p50 | ITL p50 | E2E p50 | Peak RSS |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ok_rows:
             b = base.get(r["concurrency"])
             if r["system"] == "vllm" or b is None:
                 continue
             lines.append(f"| {LABELS[r['system']]} | {r['concurrency']} | {_ratio(r['output_tok_s'], b['output_tok_s'])} | "
-                         f"{_ratio(r['req_s'], b['req_s'])} | {_ratio(r['ttft_p50_ms'], b['ttft_p50_ms'])} | "
+                         f"{_run_ratios(r, b)} | {_ratio(r['req_s'], b['req_s'])} | {_ratio(r['ttft_p50_ms'], b['ttft_p50_ms'])} | "
                          f"{itl_ratio(r, b)} | {_ratio(r['e2el_p50_ms'], b['e2el_p50_ms'])} | "
                          f"{_ratio(r['peak_rss_bytes'], b['peak_rss_bytes'])} |")
         lines.append("")
@@ -749,7 +811,10 @@ def write_plots(out_dir: Path, runs: list[SystemRun], full: bool) -> list[Path]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all; with --quick: naive)")
+    p.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}, or `all` "
+                   f"(default: {','.join(DEFAULT_SYSTEMS)}; with --quick: naive)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"runs per concurrency, pooled (default {DEFAULT_REPEATS}; the naive baseline 1; --quick: 1)")
     p.add_argument("--concurrency", default=None, help="comma-separated --max-concurrency sweep (default 1,4,16,64; with --quick: 2)")
     p.add_argument("--quick", action="store_true", help="one system, one concurrency, a handful of short requests (a smoke run)")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default max(8, 4 x concurrency); --quick: 4)")
@@ -769,7 +834,9 @@ def parse_args(argv=None):
                    help="start nothing: rewrite the report and plots from WORK_DIR/results.json of an earlier run")
     p.add_argument("--note", default="", help="a line for the top of the report")
     args = p.parse_args(argv)
-    systems = args.systems.split(",") if args.systems else (["naive"] if args.quick else list(SYSTEMS))
+    if args.systems == "all":
+        args.systems = ",".join(SYSTEMS)
+    systems = args.systems.split(",") if args.systems else (["naive"] if args.quick else list(DEFAULT_SYSTEMS))
     systems = [s.strip() for s in systems if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
@@ -785,9 +852,12 @@ def parse_args(argv=None):
         args.input_len = args.input_len or 32
         args.output_len = args.output_len or 16
         args.warmups = 1 if args.warmups is None else args.warmups
+        args.repeats = args.repeats or 1
     args.input_len = args.input_len or DEFAULT_INPUT_LEN
     if any(c < 1 for c in args.concurrency) or not args.concurrency:
         p.error("--concurrency needs positive integers")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats needs a positive integer")
     return args
 
 
@@ -807,7 +877,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report_only:
         return report_only(args.report_only.resolve(), args.out_dir.resolve())
-    full = (not args.quick and args.systems == list(SYSTEMS) and args.concurrency == list(FULL_SWEEP)
+    full = (not args.quick and set(DEFAULT_SYSTEMS) <= set(args.systems) and args.concurrency == list(FULL_SWEEP)
             and args.num_prompts is None and args.output_len is None and args.input_len == DEFAULT_INPUT_LEN)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     work = (args.work_dir or REPO / "bench-results" / stamp).resolve()

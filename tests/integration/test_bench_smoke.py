@@ -1,8 +1,8 @@
 """Smoke test for scripts/bench.py: the cheapest real path, end to end.
 
-`scripts/bench.py --quick --systems naive` starts the naive FastAPI baseline (no vLLM engine,
-up in seconds), drives it with vLLM's own load generator (a handful of short requests at one
-concurrency), stops it, and writes the report and plots. The report's table must have a row
+`scripts/bench.py --quick --systems naive --repeats 2` starts the naive FastAPI baseline (no vLLM
+engine, up in seconds), drives it with vLLM's own load generator (twice a handful of short requests
+at one concurrency, pooled), stops it, and writes the report and plots. The report's table must have a row
 with nonzero throughput and no failed request, and nothing the run started may be left.
 """
 
@@ -41,7 +41,7 @@ def _table_rows(markdown: str) -> list[dict[str, str]]:
 def test_bench_quick_naive(tmp_path: Path):
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive",
+        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive", "--repeats", "2",
          "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "raw"), "--startup-timeout", "60"],
         cwd=REPO, capture_output=True, text=True, timeout=BUDGET_S + 30,
     )
@@ -56,6 +56,7 @@ def test_bench_quick_naive(tmp_path: Path):
     assert float(row["Output tok/s"]) > 0, row
     assert float(row["Req/s"]) > 0, row
     assert int(row["Failed"]) == 0, row
+    assert row["Runs"] == "2", row
     assert "Reduced smoke run" in report
     for name in ("bench_throughput.png", "bench_ttft.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
@@ -64,5 +65,7 @@ def test_bench_quick_naive(tmp_path: Path):
     (run,) = results["runs"]
     assert run["port"] != 8000
     assert "--port 8000 " not in run["rows"][0]["load_command"] + " "
-    assert run["rows"][0]["completed"] == 4 and run["rows"][0]["failed"] == 0
+    assert run["rows"][0]["completed"] == 2 * 4 and run["rows"][0]["failed"] == 0
+    assert len(run["rows"][0]["output_tok_s_runs"]) == 2
+    assert "--seed 1 " in run["rows"][0]["load_command"]  # the second repeat sends new prompts
     assert "no process left behind" in run["stop_report"], run["stop_report"]

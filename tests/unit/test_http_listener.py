@@ -83,6 +83,20 @@ async def test_stop_releases_the_port(served):
     bind_socket("127.0.0.1", listener.port, reuse_port=False).close()  # nothing holds it any more
 
 
+async def test_a_replica_being_stopped_refuses_new_connections_and_finishes_open_ones(served):
+    """Serve calls the replica's `__del__` (→ `stop_accepting`) when it stops it; a replacement may share the port."""
+    stack, base, listener = served
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        in_flight = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=10, ignore_eos=True)))
+        while not stack.engine.running:
+            await asyncio.sleep(0.01)
+        listener.stop_accepting()
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient(base_url=base, timeout=2) as fresh:
+                await fresh.get("/livez")
+        assert (await in_flight).status_code == 200
+
+
 def test_a_taken_port_is_a_clear_error():
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

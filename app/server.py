@@ -29,6 +29,10 @@ from app.protocol import Admitted, GenerateRequest, PromptInput
 log = logging.getLogger(__name__)
 
 
+def _ms_since(start: float) -> float:
+    return round((time.monotonic() - start) * 1000, 1)
+
+
 class EngineHost:
     """Lifecycle: constructed → starting (the engine loads; requests get 503 "starting") → ready →
     possibly dead (the engine failed; requests get 503 and the liveness check fails, so Ray Serve
@@ -93,18 +97,23 @@ class EngineHost:
         self._require_ready()
         ticket = self.admission.reserve()  # refuse before tokenizing anything
         outcome, prompt_tokens, generated = "client_gone", 0, 0
+        arrived = time.monotonic()
+        timings: dict[str, float] = {}  # ms since arrival: where a slow first token was spent
         try:
             prompt_ids = await self._in_tokenizer_thread(self._render, request.prompt)
+            timings["rendered_ms"] = _ms_since(arrived)
             prompt_tokens = len(prompt_ids)
             params = self._fit_to_context(len(prompt_ids), request)
             remaining = request.deadline - time.time()
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, remaining)
+            timings["admitted_ms"] = _ms_since(arrived)
             prompt_text = self._decode(prompt_ids, "prompt") if request.prompt.token_ids is not None and request.want_prompt_text else None
             deltas = self._run(request.request_id, prompt_ids, params, request.deadline)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
                 # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.
                 first = await anext(deltas, None)
+                timings["first_output_ms"] = _ms_since(arrived)
                 yield Admitted(prompt_tokens=len(prompt_ids), prompt_text=prompt_text)
                 if first is not None:
                     generated += sum(c.num_tokens for c in first.choices)
@@ -122,7 +131,7 @@ class EngineHost:
             ticket.release()
             log.info("engine request", extra={"request_id": request.request_id, "trace_id": request.trace_id,
                                               "model": self.model.id, "outcome": outcome,
-                                              "prompt_tokens": prompt_tokens, "generated_tokens": generated})
+                                              "prompt_tokens": prompt_tokens, "generated_tokens": generated, **timings})
 
     def _render(self, prompt: PromptInput) -> list[int]:
         try:

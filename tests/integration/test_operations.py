@@ -70,6 +70,8 @@ def test_json_logs_carry_the_request_id_from_ingress_to_engine(service, http):
     assert found["app.access"]["request_id"] == trace and found["app.access"]["status"] == 200
     assert found["app.server"]["trace_id"] == trace and found["app.server"]["outcome"] == "finished"
     assert found["app.server"]["generated_tokens"] == 3
+    engine_line = found["app.server"]  # where the first token's wait went: rendering, admission, the engine
+    assert 0 <= engine_line["rendered_ms"] <= engine_line["admitted_ms"] <= engine_line["first_output_ms"]
 
 
 def test_every_port_the_service_opens_is_on_loopback(service):

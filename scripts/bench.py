@@ -21,10 +21,12 @@ kv_cache_gib 2), one engine replica. The naive baseline loads the same folder in
 Load, the same for every system: backend openai-chat, endpoint /v1/chat/completions
 (streaming), random dataset with a fixed seed, fixed input length, fixed output length
 with ignore_eos, greedy (temperature 0), for each --max-concurrency in the sweep with
-num-prompts scaled to concurrency. Each concurrency runs --repeats times (seeds 0, 1, ...: the
-same prompts for every system in the same repeat, new prompts for each repeat, so no prefix
-cache carries over) and the figures pool every request of the repeats; a run-to-run spread on
-a shared machine of a few percent would otherwise decide a 0.95x target. Peak memory is the peak of the summed RSS of the
+num-prompts scaled to concurrency. The run goes in --repeats rounds: in round i every system is
+started, swept once with seed i (the same prompts for every system in a round, new ones each
+round, so no prefix cache carries over) and stopped; the machine's speed drifts over minutes,
+and in rounds that drift falls on every system alike. The figures pool every request of the
+rounds; one run's spread on a shared machine, a few percent, would otherwise decide a 0.95x
+target. Peak memory is the peak of the summed RSS of the
 system's whole process tree (children included), sampled while the load runs.
 
     .venv/bin/python scripts/bench.py                       # the full sweep (make bench)
@@ -515,14 +517,17 @@ def plan(args) -> list[tuple[int, int, int]]:
     return steps
 
 
-def bench_system(system: str, args, model_dir: str, work: Path, steps) -> SystemRun:
+def bench_system(system: str, args, model_dir: str, work: Path, steps, round_: int) -> tuple[SystemRun, list[dict]]:
+    """One launch of `system`: every step of the sweep once, with round `round_`'s prompts (seed SEED + round_).
+    Returns the launch and one record per step (its result file, or why it failed)."""
     port = free_port()
     max_c = max(c for c, _, _ in steps)
     max_out = max(o for _, _, o in steps)
     command = system_command(system, port, model_dir, work, max_c, max_out, args.ray_stream_batching_ms)
-    run = SystemRun(system=system, port=port, command=command, log_path=str(work / f"{system}.server.log"))
+    run = SystemRun(system=system, port=port, command=command, log_path=str(work / f"{system}.r{round_}.server.log"))
+    records: list[dict] = []
     tag = f"{system}-{uuid.uuid4().hex[:12]}"
-    say(f"{system}: starting on port {port}: {shlex.join(command)}")
+    say(f"{system}: round {round_}: starting on port {port}: {shlex.join(command)}")
     started = time.monotonic()
     launched = Launched(system, command, system_env(tag), Path(run.log_path))
     try:
@@ -530,7 +535,7 @@ def bench_system(system: str, args, model_dir: str, work: Path, steps) -> System
         if why:
             run.status = f"failed to start: {why}"
             say(f"{system}: {run.status}\n--- log tail ---\n{launched.log_tail(2000)}\n---")
-            return run
+            return run, records
         run.startup_s = time.monotonic() - started
         run.idle_rss_bytes = launched.sampler.sample()
         run.status = "ok"
@@ -538,42 +543,53 @@ def bench_system(system: str, args, model_dir: str, work: Path, steps) -> System
         for c, n, out_len in steps:
             if system == "naive" and args.num_prompts is None:
                 n = min(n, NAIVE_MAX_PROMPTS)  # it serves ~30 tok/s whatever the load: 256 prompts at c=64 would take 20 min
-            repeats = repeats_for(system, args.repeats)
+            name = f"{system}-c{c}-r{round_}.json"
+            cmd = load_command(port, model_dir, c, n, args.input_len, out_len, warmups_for(system, c, args.warmups), work, name,
+                               seed=SEED + round_)
             timeout = args.run_timeout or max(300.0, 60 + n * out_len / 10.0)  # a floor of 10 output tokens/s
-            say(f"{system}: concurrency {c}, {n} prompts, {args.input_len} in / {out_len} out tokens, {repeats} repeat(s)")
+            say(f"{system}: concurrency {c}, {n} prompts, {args.input_len} in / {out_len} out tokens, seed {SEED + round_}")
             launched.sampler.reset_peak()
-            results, err, cmd = [], None, []
-            for repeat in range(repeats):
-                name = f"{system}-c{c}-r{repeat}.json"
-                warmups = warmups_for(system, c, args.warmups) if repeat == 0 else 0  # the engine has seen this batch size
-                cmd = load_command(port, model_dir, c, n, args.input_len, out_len, warmups, work, name, seed=SEED + repeat)
-                err = run_load(cmd, work / f"{system}-c{c}.load.log", timeout)
-                if err is None and not (work / name).exists():
-                    err = "no result file"
-                if err is not None:
-                    break
-                results.append(work / name)
+            err = run_load(cmd, work / f"{system}-c{c}.load.log", timeout)
             launched.sampler.sample()
-            row = {"system": system, "concurrency": c, "num_prompts": n, "input_len": args.input_len, "output_len": out_len,
-                   "peak_rss_bytes": launched.sampler.peak, "load_command": shlex.join(cmd)}
+            if err is None and not (work / name).exists():
+                err = "no result file"
+            records.append({"concurrency": c, "num_prompts": n, "output_len": out_len, "peak_rss_bytes": launched.sampler.peak,
+                            "load_command": shlex.join(cmd), "result": str(work / name) if err is None else None, "error": err})
             if err is None:
-                row.update(summarize(results))
-                row["status"] = "ok"
-                say(f"{system}: c={c}: {row['output_tok_s']:.1f} tok/s (runs: "
-                    f"{', '.join(f'{t:.1f}' for t in row['output_tok_s_runs'])}), TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
-                    f"{row['failed']} failed, peak RSS {row['peak_rss_bytes'] / 2**30:.2f} GiB")
+                d = json.loads((work / name).read_text())
+                say(f"{system}: c={c}: {d['output_throughput']:.1f} tok/s, {d['failed']} failed")
             else:
-                row["status"] = err
-                say(f"{system}: c={c}: {row['status']}")
-            run.rows.append(row)
+                say(f"{system}: c={c}: {err}")
             if launched.proc.poll() is not None:
                 run.status = f"exited with status {launched.proc.returncode} during the benchmark"
                 say(f"{system}: {run.status}")
                 break
-        return run
+        return run, records
     finally:
         run.stop_report = launched.stop(args.stop_grace)
         say(f"{system}: {run.stop_report}")
+
+
+def pool_rounds(system: str, args, launches: list[SystemRun], records: list[dict]) -> SystemRun:
+    """One system's launches and per-round records → one `SystemRun` whose rows pool the rounds."""
+    first = launches[0]
+    failed = next((l.status for l in launches if l.status != "ok"), None)
+    run = SystemRun(system=system, port=first.port, command=first.command, log_path=first.log_path,
+                    startup_s=first.startup_s, idle_rss_bytes=first.idle_rss_bytes, status=failed or "ok",
+                    stop_report="; ".join(dict.fromkeys(l.stop_report for l in launches)))
+    for c in dict.fromkeys(r["concurrency"] for r in records):
+        mine = [r for r in records if r["concurrency"] == c]
+        row = {"system": system, "concurrency": c, "num_prompts": mine[0]["num_prompts"], "input_len": args.input_len,
+               "output_len": mine[0]["output_len"], "peak_rss_bytes": max(r["peak_rss_bytes"] for r in mine),
+               "load_command": mine[-1]["load_command"]}
+        error = next((r["error"] for r in mine if r["error"]), None)
+        if error is None:
+            row.update(summarize([Path(r["result"]) for r in mine]))
+            row["status"] = "ok"
+        else:
+            row["status"] = error
+        run.rows.append(row)
+    return run
 
 
 # --------------------------------------------------------------------------------------------
@@ -616,8 +632,8 @@ def _f(v, fmt="{:.0f}") -> str:
 
 def repeats_text(chosen: int | None) -> str:
     if chosen is not None:
-        return f"{chosen} per concurrency for every system"
-    return f"{DEFAULT_REPEATS} per concurrency for the vLLM-based systems, 1 for the naive baseline"
+        return f"{chosen} for every system"
+    return f"{DEFAULT_REPEATS} for the vLLM-based systems, 1 for the naive baseline"
 
 
 def _run_ratios(r: dict, b: dict) -> str:
@@ -665,12 +681,13 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         "does not refuse), `deployment.max_queued_requests: 64`, `limits.max_tokens` at least the output length.",
         f"- Load: vLLM's own load generator (`vllm bench serve`, via `benchmarks/vllm_bench_serve.py`), backend `openai-chat`, "
         f"streaming `/v1/chat/completions`, random dataset, {args.input_len}-token prompts, fixed output length "
-        f"with `ignore_eos`, greedy (temperature 0), {warmups_text(args.warmups)} (before the first repeat only), the same byte-identical prompts "
+        f"with `ignore_eos`, greedy (temperature 0), {warmups_text(args.warmups)}, the same byte-identical prompts "
         "for every system (server-side prompt re-alignment off). Output length and number of prompts per concurrency are in the table.",
-        f"- Repeats: {repeats_text(getattr(args, 'repeats', 1))}. Repeat *i* uses seed {SEED} + *i*: every system gets the same prompts "
-        "in the same repeat, and no repeat reuses another's prompts (so the prefix cache does not flatter later ones). The figures pool "
-        "every request of every repeat: throughput is all output tokens over all run time; percentiles are over all requests (TTFT, E2E) "
-        "or all token gaps (ITL). Why: on a shared machine one run's throughput moves by a few percent from run to run.",
+        f"- Rounds: {repeats_text(getattr(args, 'repeats', 1))}. In round *i* every system is started, swept once with seed {SEED} + *i* "
+        "and stopped: every system gets the same prompts in a round, no round reuses another's prompts (so the prefix cache does not "
+        "flatter later ones), and the machine's drift over minutes falls on every system alike. The figures pool every request of "
+        "every round: throughput is all output tokens over all run time; percentiles are over all requests (TTFT, E2E) or all token "
+        "gaps (ITL). Why: on a shared machine one run's throughput moves by a few percent from run to run.",
         "- Peak RSS: the peak of the summed resident memory of the system's whole process tree (children, Ray workers and "
         "the engine process included; pages shared between processes are counted in each), sampled every 0.5 s during the run.",
         "- Exact command: `" + meta["command"] + "`",
@@ -681,7 +698,7 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         lines.append(f"- **{LABELS[run.system]}** (`{run.system}`): {DESCRIPTIONS[run.system]}.")
     lines += ["", "## Results", "",
               "Latencies in ms (p50 / p99). Throughput is output tokens/s and completed requests/s over all runs. "
-              "Prompts: per run; Runs: repeats pooled.", "",
+              "Prompts: per run; Runs: rounds pooled.", "",
               "| System | Conc. | Prompts | Runs | Out len | Output tok/s | Req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 | Failed | Peak RSS (GiB) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
@@ -710,8 +727,8 @@ def write_report(out_dir: Path, runs: list[SystemRun], args, meta: dict) -> Path
         lines += ["Bare vLLM has no successful run here, so there are no ratios.", ""]
     else:
         lines += ["Each system's figure divided by bare vLLM's at the same concurrency (throughput: higher is better; "
-                  "latency and memory: lower is better). Per run: the lowest and highest of one repeat's throughput over "
-                  "bare vLLM's in the same repeat (same prompts).", "",
+                  "latency and memory: lower is better). Per run: the lowest and highest of one round's throughput over "
+                  "bare vLLM's in the same round (same prompts).", "",
                   "| System | Conc. | Output tok/s | per run | Req/s | TTFT p50 | ITL p50 | E2E p50 | Peak RSS |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in ok_rows:
@@ -814,7 +831,8 @@ def parse_args(argv=None):
     p.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}, or `all` "
                    f"(default: {','.join(DEFAULT_SYSTEMS)}; with --quick: naive)")
     p.add_argument("--repeats", type=int, default=None,
-                   help=f"runs per concurrency, pooled (default {DEFAULT_REPEATS}; the naive baseline 1; --quick: 1)")
+                   help=f"rounds: every system swept this many times, interleaved, pooled (default {DEFAULT_REPEATS}; "
+                   "the naive baseline 1; --quick: 1)")
     p.add_argument("--concurrency", default=None, help="comma-separated --max-concurrency sweep (default 1,4,16,64; with --quick: 2)")
     p.add_argument("--quick", action="store_true", help="one system, one concurrency, a handful of short requests (a smoke run)")
     p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default max(8, 4 x concurrency); --quick: 4)")
@@ -894,14 +912,22 @@ def main(argv=None) -> int:
     model_dir = args.model_dir or prepare_model()
     steps = plan(args)
     say(f"systems {args.systems}; steps (concurrency, prompts, output len) {steps}; model {model_dir}; raw results in {work}")
-    runs: list[SystemRun] = []
+    launches: dict[str, list[SystemRun]] = {system: [] for system in args.systems}
+    records: dict[str, list[dict]] = {system: [] for system in args.systems}
     interrupted = False
     try:
-        for system in args.systems:
-            runs.append(bench_system(system, args, model_dir, work, steps))
+        # Rounds, not one system's repeats back to back: the machine's speed drifts over minutes, and in rounds
+        # that drift falls on every system alike.
+        for round_ in range(max(repeats_for(system, args.repeats) for system in args.systems)):
+            for system in args.systems:
+                if round_ < repeats_for(system, args.repeats) and all(l.status == "ok" for l in launches[system]):
+                    launch, done = bench_system(system, args, model_dir, work, steps, round_)
+                    launches[system].append(launch)
+                    records[system].extend(done)
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted; writing what there is")
+    runs = [pool_rounds(system, args, launches[system], records[system]) for system in args.systems if launches[system]]
     meta = {
         "started": started_wall.strftime("%Y-%m-%d %H:%M"), "finished": dt.datetime.now().strftime("%H:%M"),
         "wall_s": time.monotonic() - started, "machine": machine_description(), "versions": versions(),

@@ -1,8 +1,9 @@
 """Smoke test for scripts/bench.py: the cheapest real path, end to end.
 
 `scripts/bench.py --quick --systems naive --repeats 2` starts the naive FastAPI baseline (no vLLM
-engine, up in seconds), drives it with vLLM's own load generator (twice a handful of short requests
-at one concurrency, pooled), stops it, and writes the report and plots. The report's table must have a row
+engine, up in seconds) twice, in two rounds; each time drives it with vLLM's own load generator (a
+handful of short requests at one concurrency) and stops it; then pools the rounds and writes the
+report and plots. The report's table must have a row
 with nonzero throughput and no failed request, and nothing the run started may be left.
 """
 

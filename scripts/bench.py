@@ -637,7 +637,7 @@ def repeats_text(chosen: int | None) -> str:
 
 
 def _run_ratios(r: dict, b: dict) -> str:
-    """The spread of one repeat's throughput over bare vLLM's same repeat (same prompts)."""
+    """The spread of one round's throughput over bare vLLM's in the same round (same prompts)."""
     mine, theirs = r.get("output_tok_s_runs") or [], b.get("output_tok_s_runs") or []
     ratios = [m / t for m, t in zip(mine, theirs) if t]
     if len(ratios) < 2:

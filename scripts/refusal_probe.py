@@ -1,10 +1,6 @@
 """A light client in its own process: how fast does an overloaded service answer a newcomer?
 
-Every `--interval` seconds it opens a fresh connection and sends one small chat completion
-(`max_tokens` 1), then one `GET /livez`, with blocking `http.client` and nothing else to do, so
-its clock measures the service and the kernel, not a busy client. `scripts/overload.py` runs it
-beside its load generator, whose own event loop (dozens of streams parsed in Python on a
-saturated machine) lags by hundreds of milliseconds and adds that to every latency it measures.
+The command line of `loadkit.probe` (see there): `scripts/overload.py` runs the same probe beside its load.
 
     python scripts/refusal_probe.py --base-url http://127.0.0.1:8000 --model NAME --duration 30 [--api-key KEY]
 
@@ -13,66 +9,14 @@ Prints (or writes with --out) JSON: per-outcome latency lists in seconds.
 
 from __future__ import annotations
 
-import argparse
-import http.client
-import json
 import sys
-import time
-from urllib.parse import urlsplit
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit, also before `pip install -e .` knows it
 
-def timed(host: str, port: int, method: str, path: str, body: bytes | None, headers: dict[str, str],
-          timeout_s: float) -> tuple[int, float]:
-    started = time.perf_counter()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status, time.perf_counter() - started
-    except OSError:
-        return 0, time.perf_counter() - started
-    finally:
-        conn.close()
+from loadkit.probe import main, probe  # noqa: E402  (`probe`: for callers that load this file)
 
-
-def probe(base_url: str, model: str, api_key: str | None, duration_s: float, interval_s: float,
-          timeout_s: float) -> dict[str, list[float]]:
-    url = urlsplit(base_url)
-    host, port = url.hostname or "127.0.0.1", url.port or 80
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    body = json.dumps({"model": model, "max_tokens": 1, "temperature": 0,
-                       "messages": [{"role": "user", "content": "Hi"}]}).encode()
-    out: dict[str, list[float]] = {"refused": [], "served": [], "livez": [], "other": []}
-    deadline = time.monotonic() + duration_s
-    while time.monotonic() < deadline:
-        status, took = timed(host, port, "POST", "/v1/chat/completions", body, headers, timeout_s)
-        out["refused" if status in (429, 503) else "served" if status == 200 else "other"].append(took)
-        status, took = timed(host, port, "GET", "/livez", None, headers, timeout_s)
-        out["livez" if status == 200 else "other"].append(took)
-        time.sleep(interval_s)
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--duration", type=float, default=30.0, help="seconds to probe")
-    p.add_argument("--interval", type=float, default=0.05, help="pause between probes, seconds")
-    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout, seconds")
-    p.add_argument("--out", default=None, help="write the JSON here instead of stdout")
-    args = p.parse_args(argv)
-    result = probe(args.base_url, args.model, args.api_key, args.duration, args.interval, args.timeout)
-    text = json.dumps(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        print(text)
-    return 0
-
+__all__ = ["main", "probe"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,35 @@
+"""Precisions (vLLM's `dtype`): the names a run is asked for, and the one an engine actually chose.
+
+`auto` lets the engine decide (vLLM: from the model folder's config and what the CPU supports; this project:
+its config's `engine.dtype: auto`). What it decided is read back from vLLM's own start-up log line
+("... dtype=torch.bfloat16, ..."), so a report can say what `auto` meant on that machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+_ENGINE_DTYPE = re.compile(r"\bdtype=torch\.(\w+)")
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """'bfloat16,float32,auto' -> ['bfloat16', 'float32', 'auto'] (order kept, duplicates dropped)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in DTYPES]
+    if bad or not names:
+        raise ValueError(f"unknown precision(s) {', '.join(bad) or '(none)'}; choose from {', '.join(DTYPES)}")
+    return list(dict.fromkeys(names))
+
+
+def resolved_dtype(log_text: str) -> str | None:
+    """The dtype vLLM's engine reported at start-up in `log_text`, if it did."""
+    found = _ENGINE_DTYPE.findall(log_text)
+    return found[-1] if found else None
+
+
+def precision_label(asked: str, resolved: str | None) -> str:
+    """'bfloat16', or 'auto → float32' when the engine said what `auto` became."""
+    if asked == "auto" and resolved:
+        return f"auto → {resolved}"
+    return asked

@@ -1,198 +1,31 @@
-"""Wires the configuration into a Ray Serve application: `build_app(args)`.
+"""Wires the configuration into a Ray Serve application: config → deployments → `build_app(args)`.
 
-One engine deployment per model (each replica an `EngineHost` owning one
-engine) and one ingress deployment (the FastAPI app) holding a handle to each.
-A Serve config file points `import_path` at `app.builder:build_app`; the CLI
-calls the same function.
+One engine deployment per model and, with several models, one ingress deployment holding a handle
+to each (the replica classes are in replicas.py). A Serve config file points `import_path` at
+`app.builder:build_app`; the CLI calls `build_from_config`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ray import serve
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from ray.serve.handle import DeploymentHandle
 
-from app.config import AppConfig, ConfigError, ModelConfig, ServiceConfig, load_config, parse_config
-from app.errors import QueueFull, ServiceError, ServiceUnavailable
-from app.http_listener import HttpListener
-from app.ingress import create_app
-from app.logs import configure_logging
-from app.protocol import GenerateRequest, PromptInput
-from app.server import EngineHost
+from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
+from app.replicas import EngineReplica, Ingress, ModelServer
 
 INGRESS_NAME = "ingress"
 # Serve's own per-replica cap sits above ours, so overflow reaches EngineHost and is refused fast and honestly.
 _SERVE_SLACK = 8
 _HTTP_HEADROOM = 1000
-_UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
 
 
 def engine_deployment_name(model_id: str) -> str:
     return "engine-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
 
 
-def _translate(err: BaseException) -> BaseException:
-    """Ray wraps what a replica raised; give the ingress the service's own error back."""
-    if isinstance(err, RayTaskError) and isinstance(err.cause, ServiceError):
-        return err.cause
-    if isinstance(err, ServiceError):
-        return err
-    if isinstance(err, BackPressureError):
-        return QueueFull("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
-    if isinstance(err, TaskCancelledError):  # the call was cancelled under us (replica stopping); not a server bug
-        return ServiceUnavailable("The request was cancelled by the serving layer; retry", retry_after_s=1)
-    if isinstance(err, _UNAVAILABLE):
-        return ServiceUnavailable("No engine replica is available for this model right now; retry shortly", retry_after_s=5)
-    return err
-
-
-class HandleBackend:
-    """`EngineHost`'s interface, reached through a Ray Serve handle."""
-
-    def __init__(self, handle: DeploymentHandle):
-        self._handle = handle
-        self._stream = handle.options(stream=True)
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Any]:
-        response = self._stream.generate_remote.remote(request)
-        try:
-            async for item in response:
-                if isinstance(item, Refused):
-                    raise item.error
-                yield item
-        except Exception as err:
-            raise _translate(err) from None
-        finally:
-            try:
-                response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
-            except Exception:  # cancel() re-raises a failed assignment (BackPressureError), already answered above
-                pass
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        try:
-            return await getattr(self._handle, method).remote(*args)
-        except Exception as err:
-            raise _translate(err) from None
-
-    async def tokenize(self, prompt: PromptInput) -> list[int]:
-        return await self._call("tokenize", prompt)
-
-    async def detokenize(self, token_ids: list[int]) -> str:
-        return await self._call("detokenize", token_ids)
-
-    async def check_health(self) -> None:
-        await self._call("check_health")
-
-    async def check_ready(self) -> None:
-        await self._call("check_ready")
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._call("stats")
-
-
-def _keep_replica_port_on_loopback() -> None:
-    """Ray Serve 2.60 binds every replica's inter-deployment gRPC server to [::] (all interfaces),
-    whatever the node IP. On a loopback-only node (the CLI's private Ray) bind it to 127.0.0.1 too,
-    so a local service opens no port to the network. On a cluster node this changes nothing."""
-    import ray
-    from ray.serve._private import replica
-
-    if ray.util.get_node_ip_address() not in ("127.0.0.1", "::1"):
-        return
-    original = replica.add_port_to_grpc_server
-    if getattr(original, "loopback_only", False):
-        return
-
-    def add_port_on_loopback(server, address: str):
-        return original(server, address.replace("[::]", "127.0.0.1"))
-
-    add_port_on_loopback.loopback_only = True
-    replica.add_port_to_grpc_server = add_port_on_loopback
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
-    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests."""
-
-    error: ServiceError
-
-
-class EngineReplica(EngineHost):
-    """`EngineHost` as a Ray Serve replica."""
-
-    def __init__(self, model: ModelConfig, service: ServiceConfig):
-        _keep_replica_port_on_loopback()
-        super().__init__(model, service, start_in_background=True)
-
-    async def generate_remote(self, request: GenerateRequest) -> AsyncIterator[Any]:
-        """`generate` for callers across the Ray handle: errors come back as `Refused` values."""
-        try:
-            async for item in self.generate(request):
-                yield item
-        except ServiceError as err:
-            yield Refused(err)
-
-
-@serve.ingress()
-class ModelServer(EngineReplica):
-    """The single-model topology: each engine replica serves the HTTP API itself, calling its own
-    `EngineHost` in-process. Tokens then cross no Ray handle between ingress and engine (one hop per
-    token fewer, and no ingress process competing with the engine for the CPU). With `listen`, the
-    replica also owns the socket (`HttpListener`); otherwise Serve's proxy spreads requests over the
-    replicas."""
-
-    def __init__(self, config: AppConfig, listen: bool = False):
-        super().__init__(config.models[0], config.service)
-        self._api = create_app(config, {self.model.id: self}, behind_serve_proxy=not listen)
-        self._listener = _listen(self._api, config.service) if listen else None
-
-    def __serve_build_asgi_app__(self):
-        return self._api
-
-    def __del__(self):
-        if getattr(self, "_listener", None) is not None:
-            self._listener.stop_accepting()
-        super().__del__()
-
-    async def drain(self, grace_s: float) -> int:
-        self.close_admission()
-        return await self._api.state.lifecycle.drain(grace_s)
-
-
-@serve.ingress()
-class Ingress:
-    def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle], listen: bool = False):
-        _keep_replica_port_on_loopback()
-        configure_logging(config.service.log_level)
-        self._api = create_app(config, {model_id: HandleBackend(h) for model_id, h in engines.items()}, behind_serve_proxy=not listen)
-        self._listener = _listen(self._api, config.service) if listen else None
-
-    def __serve_build_asgi_app__(self):
-        return self._api
-
-    def __del__(self):
-        # Ray Serve calls this when it stops the replica.
-        if getattr(self, "_listener", None) is not None:
-            self._listener.stop_accepting()
-
-    async def drain(self, grace_s: float) -> int:
-        """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""
-        return await self._api.state.lifecycle.drain(grace_s)
-
-
-def _listen(api, service: ServiceConfig) -> HttpListener:
-    listener = HttpListener(api, service.host, service.port)
-    listener.start()  # the constructor runs in the replica's event loop, where requests will run
-    return listener
-
-
-def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica):
+def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica) -> Any:
     dep = model.deployment
     serve_cap = dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK
     if cls is ModelServer:

@@ -1,18 +1,16 @@
-"""The Engine interface: the one seam between serving logic and an inference engine.
+"""The Engine interface and the neutral types that cross it: the one seam between serving and inference.
 
-`EngineHost` (server.py) talks to an engine only through `Engine`; `VLLMEngine`
-(vllm_engine.py) and `FakeEngine` (fake_engine.py) both implement it, so the same
-deployment, admission and HTTP code runs against either. The neutral types below
-are what crosses that seam and the Ray handle: no vLLM or FastAPI types leak.
+`EngineHost` (host.py) talks to an engine only through `Engine`, which it is given by its
+constructor; `VLLMEngine` (vllm_engine.py) and `FakeEngine` (fake_engine.py) both implement it,
+and `replicas.make_engine` picks one. The request types (`PromptInput`, `GenerateRequest`,
+`Admitted`) and the output types here are all that crosses this seam and the Ray handle: no
+vLLM, FastAPI or OpenAI wire types. This module imports neither of its implementations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
-
-if TYPE_CHECKING:
-    from app.config import ModelConfig
+from typing import Any, AsyncIterator, Protocol
 
 
 @dataclass(frozen=True)
@@ -35,6 +33,37 @@ class GenerationParams:
 
 
 @dataclass(frozen=True)
+class PromptInput:
+    """Exactly one of: chat messages (templated by the engine host), text, or token ids."""
+
+    messages: tuple[dict[str, str], ...] | None = None
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the ingress sends an engine replica: the neutral form of one API request."""
+
+    request_id: str
+    prompt: PromptInput
+    params: GenerationParams
+    # Seconds the whole request may still take, counted from when the replica receives it. A duration,
+    # not a wall-clock moment: the ingress and the replica may sit on nodes whose clocks disagree.
+    timeout_s: float
+    want_prompt_text: bool = False  # completions with echo of a token-id prompt
+    trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """First item of every engine stream: the request passed validation and admission."""
+
+    prompt_tokens: int
+    prompt_text: str | None = None
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     token: str
     logprob: float
@@ -48,7 +77,9 @@ class ChoiceDelta:
     index: int
     text: str
     num_tokens: int
-    finish_reason: str | None = None  # "stop" | "length" | None while running
+    # "stop" | "length" | None while running. An engine that aborted or failed a choice raises
+    # instead (EngineDead / EngineFailed), so a cut-short answer never reads as a normal "stop".
+    finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 
@@ -76,6 +107,11 @@ class EngineDead(Exception):
 
 class EngineRejected(Exception):
     """The engine refused a request as invalid (e.g. a schema it cannot compile)."""
+
+
+class EngineFailed(Exception):
+    """The engine ended one request without finishing it (vLLM's finish reason `abort` or `error`)
+    while the engine itself stays usable."""
 
 
 class Engine(Protocol):
@@ -116,13 +152,3 @@ class Engine(Protocol):
         """Stop the engine and every process it started."""
         ...
 
-
-def make_engine(model: "ModelConfig") -> Engine:
-    """Build the engine a model's config asks for; imports vLLM only when it is used."""
-    if model.engine_kind == "fake":
-        from app.fake_engine import FakeEngine
-
-        return FakeEngine(max_model_len=model.engine.max_model_len)
-    from app.vllm_engine import VLLMEngine
-
-    return VLLMEngine(model)

@@ -9,10 +9,13 @@ same thing. Each app gets its own registry, so several apps (tests) never clash.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from app.host import ReplicaStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -37,33 +40,33 @@ class Metrics:
         self.e2e = Histogram("app_e2e_request_latency_seconds", "From request arrival to the last byte of a served request.",
                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
 
-    def render(self, replica_stats: dict[str, dict[str, Any]]) -> bytes:
+    def render(self, replica_stats: dict[str, "ReplicaStats"]) -> bytes:
         return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats))
 
 
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
-    def __init__(self, stats: dict[str, dict[str, Any]]):
+    def __init__(self, stats: dict[str, "ReplicaStats"]):
         self._stats = stats
 
-    def collect(self) -> Iterable:
-        gauges = {
-            "app_queue_depth": ("Requests waiting for an engine slot in the replica's admission queue.", lambda s: s["admission"]["waiting"]),
-            "app_requests_admitted": ("Requests admitted into the engine by the replica.", lambda s: s["admission"]["running"]),
-            "app_token_budget_in_use": ("prompt + max_tokens of admitted requests.", lambda s: s["admission"]["tokens_in_use"]),
-            "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s["admission"]["token_budget"]),
-            "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s["healthy"] else 0),
-            "vllm:num_requests_running": ("Requests in the engine (vLLM's unfinished requests).", lambda s: s["engine"]["running"]),
-            "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s["engine"]["waiting"]),
-            "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s["engine"]["kv_cache_usage"]),
+    def collect(self) -> Iterable[Metric]:
+        gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+            "app_queue_depth": ("Requests waiting for an engine slot in the replica's admission queue.", lambda s: s.admission.waiting),
+            "app_requests_admitted": ("Requests admitted into the engine by the replica.", lambda s: s.admission.running),
+            "app_token_budget_in_use": ("prompt + max_tokens of admitted requests.", lambda s: s.admission.tokens_in_use),
+            "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s.admission.token_budget),
+            "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s.healthy else 0),
+            "vllm:num_requests_running": ("Requests in the engine (vLLM's unfinished requests).", lambda s: s.engine.running),
+            "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
+            "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
         }
-        counters = {
-            "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s["engine"]["preemptions_total"]),
-            "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s["engine"]["prompt_tokens_total"]),
-            "vllm:generation_tokens": ("Tokens generated.", lambda s: s["engine"]["generation_tokens_total"]),
-            "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s["admission"]["refused_queue_full"]),
-            "app_refused_queue_timeout": ("Refused by the replica: waited too long.", lambda s: s["admission"]["refused_queue_timeout"]),
+        counters: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+            "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
+            "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
+            "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
+            "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
+            "app_refused_queue_timeout": ("Refused by the replica: waited too long.", lambda s: s.admission.refused_queue_timeout),
         }
         for name, (doc, read) in gauges.items():
             family = GaugeMetricFamily(name, doc, labels=["model_name"])

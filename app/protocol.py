@@ -8,13 +8,12 @@ not implement are refused by name rather than silently ignored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.config import LimitsConfig
-from app.engine import GenerationParams
+from app.engine import GenerationParams, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
 
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
@@ -25,35 +24,6 @@ UNSUPPORTED_PARAMETERS = (
     "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "logit_bias",
     "audio", "modalities", "prediction", "reasoning_effort", "web_search_options", "best_of", "suffix",
 )
-
-
-@dataclass(frozen=True)
-class PromptInput:
-    """Exactly one of: chat messages (templated by the engine host), text, or token ids."""
-
-    messages: tuple[dict[str, str], ...] | None = None
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """What the ingress sends an engine replica: the neutral form of one API request."""
-
-    request_id: str
-    prompt: PromptInput
-    params: GenerationParams
-    deadline: float  # wall-clock (time.time()) moment the whole request must end by
-    want_prompt_text: bool = False  # completions with echo of a token-id prompt
-    trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """First item of every engine stream: the request passed validation and admission."""
-
-    prompt_tokens: int
-    prompt_text: str | None = None
 
 
 class _Request(BaseModel):
@@ -234,6 +204,23 @@ class CompletionRequest(_Request):
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
         return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body: exactly one of a prompt or chat messages."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize body."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    tokens: list[int] = Field(..., max_length=1_000_000)
 
 
 _Request.model_rebuild()

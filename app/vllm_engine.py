@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -23,7 +23,8 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from app.config import ModelConfig
 from app.cpu_affinity import keep_off_engine_cores
-from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
+from app.engine import (ChoiceDelta, EngineDead, EngineFailed, EngineRejected, EngineStats, GenerationDelta,
+                        GenerationParams, TokenLogprob)
 from app.model_store import resolve_source
 
 log = logging.getLogger(__name__)
@@ -32,18 +33,16 @@ log = logging.getLogger(__name__)
 class _StatsRecorder(StatLoggerBase):
     """Keeps the engine's latest scheduler figures and running totals for `stats()`."""
 
-    latest: "_StatsRecorder | None" = None
-
-    def __init__(self, vllm_config, engine_index: int = 0):
+    def __init__(self, vllm_config: Any = None, engine_index: int = 0):
         self.running = 0
         self.waiting = 0
         self.kv_cache_usage = 0.0
         self.preemptions_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        _StatsRecorder.latest = self
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
         if scheduler_stats is not None:
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
@@ -53,8 +52,13 @@ class _StatsRecorder(StatLoggerBase):
             self.prompt_tokens_total += iteration_stats.num_prompt_tokens
             self.generation_tokens_total += iteration_stats.num_generation_tokens
 
-    def log_engine_initialized(self):
+    def log_engine_initialized(self) -> None:
         pass
+
+
+# vLLM's finish reasons that end a choice normally; "repetition" (a detected repetitive pattern) ends
+# it as OpenAI's "stop" would. "abort" and "error" mean the answer was cut short: EngineFailed.
+_NORMAL_FINISH = {None: None, "stop": "stop", "length": "length", "repetition": "stop"}
 
 
 def _engine_args(model: ModelConfig) -> AsyncEngineArgs:
@@ -96,7 +100,12 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
     )
 
 
-def _logprobs(completion, top_k: int) -> tuple[TokenLogprob, ...]:
+def _finite(logprob: float) -> float:
+    """A masked token's logprob is -inf, which strict JSON cannot carry; vLLM's own server clamps it the same way."""
+    return max(logprob, -9999.0)
+
+
+def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:
     pairs = list(zip(completion.token_ids, completion.logprobs or ()))
     if pairs and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
         # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text, so leave
@@ -108,26 +117,44 @@ def _logprobs(completion, top_k: int) -> tuple[TokenLogprob, ...]:
         ranked = sorted(alternatives.values(), key=lambda lp: lp.rank)[:top_k]
         out.append(TokenLogprob(
             token=chosen.decoded_token or "",
-            logprob=chosen.logprob,
-            top=tuple((lp.decoded_token or "", lp.logprob) for lp in ranked),
+            logprob=_finite(chosen.logprob),
+            top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for lp in ranked),
         ))
     return tuple(out)
+
+
+def _choice_delta(completion: Any, logprobs: int | None) -> ChoiceDelta:
+    """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape."""
+    reason = completion.finish_reason
+    if reason not in _NORMAL_FINISH:
+        raise EngineFailed(f"the engine ended choice {completion.index} with finish reason '{reason}'")
+    return ChoiceDelta(
+        index=completion.index,
+        text=completion.text,
+        num_tokens=len(completion.token_ids),
+        finish_reason=_NORMAL_FINISH[reason],
+        logprobs=_logprobs(completion, logprobs) if logprobs is not None else None,
+    )
 
 
 class VLLMEngine:
     def __init__(self, model: ModelConfig):
         self._model = model
         self._llm: AsyncLLM | None = None
-        self._tokenizer = None
-        self._stats: _StatsRecorder | None = None
+        self._tokenizer: Any = None
+        self._stats = _StatsRecorder()  # replaced by the one vLLM builds through the factory below
 
     def start(self) -> None:
         if not self._model.on_gpu and self._model.engine.kv_cache_gib:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._model.engine.kv_cache_gib)
-        self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[_StatsRecorder])
+
+        def recorder(vllm_config: Any, engine_index: int = 0) -> _StatsRecorder:
+            self._stats = _StatsRecorder(vllm_config, engine_index)
+            return self._stats
+
+        self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[recorder])
         if not self._model.on_gpu:
             keep_off_engine_cores()
-        self._stats = _StatsRecorder.latest
         self._tokenizer = self._llm.get_tokenizer()
         log.info("engine for %s ready: KV cache holds %d tokens", self._model.id, self.kv_cache_tokens)
 
@@ -158,17 +185,9 @@ class VLLMEngine:
         except (VLLMValidationError, ValueError) as err:
             raise EngineRejected(str(err)) from None
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling, request_id):
-                yield GenerationDelta(choices=tuple(
-                    ChoiceDelta(
-                        index=c.index,
-                        text=c.text,
-                        num_tokens=len(c.token_ids),
-                        finish_reason=c.finish_reason if c.finish_reason in (None, "stop", "length") else "stop",
-                        logprobs=_logprobs(c, params.logprobs) if params.logprobs is not None else None,
-                    )
-                    for c in out.outputs
-                ))
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+            async for out in self.llm.generate(prompt, sampling, request_id):
+                yield GenerationDelta(choices=tuple(_choice_delta(c, params.logprobs) for c in out.outputs))
         except VLLMValidationError as err:
             raise EngineRejected(str(err)) from None
         except EngineDeadError as err:
@@ -199,8 +218,6 @@ class VLLMEngine:
     def stats(self) -> EngineStats:
         s = self._stats
         unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
-        if s is None:
-            return EngineStats(running=unfinished)
         return EngineStats(
             running=unfinished,
             waiting=s.waiting,

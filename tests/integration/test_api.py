@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from app import sse
+from tests.support import sse
 from tests.integration.conftest import MODEL
 
 pytestmark = pytest.mark.integration

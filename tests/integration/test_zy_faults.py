@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from app import sse
+from tests.support import sse
 from app.builder import engine_deployment_name
 from tests.integration.conftest import MODEL
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from app import sse
+from tests.support import sse
 from tests.integration.conftest import MODEL, service_processes
 
 pytestmark = pytest.mark.integration

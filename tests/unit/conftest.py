@@ -9,7 +9,7 @@ import pytest
 
 from app.config import AppConfig, ModelConfig, ServiceConfig
 from app.fake_engine import FakeEngine
-from app.server import EngineHost
+from app.host import EngineHost
 from unit_support import MAX_MODEL_LEN, Stack, make_config
 
 
@@ -30,7 +30,7 @@ def engine() -> FakeEngine:
 
 @pytest.fixture
 def host(model_config: ModelConfig, engine: FakeEngine) -> EngineHost:
-    return EngineHost(model_config, ServiceConfig(), engine=engine)
+    return EngineHost(model_config, engine, ServiceConfig())
 
 
 @pytest.fixture

@@ -4,13 +4,16 @@ import json
 import re
 from pathlib import Path
 
+from app.admission import AdmissionStats
+from app.engine import EngineStats
+from app.host import ReplicaStats
 from app.metrics import Metrics, _Snapshot
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"
-STATS = {"m": {"healthy": True, "admission": {"waiting": 0, "running": 0, "tokens_in_use": 0, "token_budget": 1,
-                                               "refused_queue_full": 0, "refused_queue_timeout": 0},
-               "engine": {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "preemptions_total": 0,
-                          "prompt_tokens_total": 0, "generation_tokens_total": 0}}}
+STATS = {"m": ReplicaStats(
+    model="m", ready=True, healthy=True, kv_cache_tokens=1, engine=EngineStats(),
+    admission=AdmissionStats(running=0, waiting=0, in_system=0, tokens_in_use=0, token_budget=1, peak_waiting=0,
+                             refused_queue_full=0, refused_queue_timeout=0))}
 
 
 def _exported_names() -> set[str]:

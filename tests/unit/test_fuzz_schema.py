@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import content_type_conformance
 
 from app.fake_engine import FakeEngine
 from app.ingress import create_app
-from app.server import EngineHost
+from app.host import EngineHost
 from tests.unit.unit_support import MAX_MODEL_LEN, MODEL_ID, make_config
 
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -69,7 +69,7 @@ class Fuzzed:
     def __init__(self) -> None:
         config = make_config()
         self.engine = FakeEngine(max_model_len=MAX_MODEL_LEN)
-        self.host = EngineHost(config.models[0], config.service, engine=self.engine)
+        self.host = EngineHost(config.models[0], self.engine, config.service)
         self.app = create_app(config, {MODEL_ID: self.host})
         self.schema = schemathesis.openapi.from_asgi("/openapi.json", self.app)
         self.declared = declared_fields(self.app.openapi())

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from app import sse
+from tests.support import sse
 from app.config import API_KEYS_ENV
 from app.fake_engine import ANSWER, FakeEngine
 from unit_support import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
@@ -484,7 +484,7 @@ async def test_queue_full_503_when_configured(make_stack):
 
 
 async def test_draining_refuses_with_503(client, stack):
-    stack.app.state.lifecycle.draining = True
+    stack.app.state.ingress.lifecycle.draining = True
     err = error_of(await client.get("/v1/models"), 503)
     assert err["type"] == "service_unavailable"
     assert (await client.get("/livez")).status_code == 200

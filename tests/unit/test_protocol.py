@@ -7,7 +7,8 @@ from pydantic import ValidationError
 
 from app.config import LimitsConfig
 from app.errors import InvalidRequest, UnsupportedParameter
-from app.protocol import ChatCompletionRequest, CompletionRequest, PromptInput
+from app.engine import PromptInput
+from app.protocol import ChatCompletionRequest, CompletionRequest
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20, max_n=3, max_stop_sequences=2,
                       max_stop_sequence_chars=5, max_logprobs=4, max_messages=3)

@@ -12,8 +12,8 @@ from app.engine import GenerationDelta
 from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, RequestTimeout,
                         ServiceUnavailable)
 from app.fake_engine import ANSWER, FakeEngine
-from app.protocol import Admitted, PromptInput
-from app.server import EngineHost
+from app.engine import Admitted, PromptInput
+from app.host import EngineHost
 from unit_support import DEFAULT_MAX_TOKENS, MAX_MODEL_LEN, make_config, make_request
 
 
@@ -118,7 +118,7 @@ async def test_empty_prompt_rejected(host):
 
 async def test_closing_early_aborts_engine_request():
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.01)
-    host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
+    host = EngineHost(make_config().models[0], engine, ServiceConfig())
     request = make_request("hello", max_tokens=50, ignore_eos=True)
     gen = host.generate(request)
     assert isinstance(await anext(gen), Admitted)
@@ -137,7 +137,7 @@ async def test_finished_request_is_not_aborted(host, engine):
 
 
 async def test_deadline_passed_is_request_timeout(host, engine):
-    request = make_request("hello", deadline_s=-1)
+    request = make_request("hello", timeout_s=-1)
     with pytest.raises(RequestTimeout) as info:
         await anext(host.generate(request))
     assert info.value.status == 504
@@ -147,8 +147,8 @@ async def test_deadline_passed_is_request_timeout(host, engine):
 
 async def test_deadline_mid_stream_is_request_timeout():
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.02)
-    host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
-    request = make_request("hello", deadline_s=0.3, max_tokens=100, ignore_eos=True)
+    host = EngineHost(make_config().models[0], engine, ServiceConfig())
+    request = make_request("hello", timeout_s=0.3, max_tokens=100, ignore_eos=True)
     seen = []
     with pytest.raises(RequestTimeout):
         async for item in host.generate(request):
@@ -168,13 +168,13 @@ async def test_dead_engine_is_service_unavailable(host, engine):
         await host.check_health()
     with pytest.raises(ServiceUnavailable):  # refused up front from now on
         await anext(host.generate(make_request("hello")))
-    assert (await host.stats())["healthy"] is False
+    assert (await host.stats()).healthy is False
     assert_idle(host)
 
 
 async def test_engine_dying_mid_stream():
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.01)
-    host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
+    host = EngineHost(make_config().models[0], engine, ServiceConfig())
     gen = host.generate(make_request("hello", max_tokens=50, ignore_eos=True))
     assert isinstance(await anext(gen), Admitted)
     await anext(gen)
@@ -211,7 +211,7 @@ async def test_valid_json_schema_generates_json(host):
 async def test_queue_full_refused_before_work():
     cfg = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.01)
-    host = EngineHost(cfg.models[0], ServiceConfig(), engine=engine)
+    host = EngineHost(cfg.models[0], engine, ServiceConfig())
     first = host.generate(make_request("a", max_tokens=50, ignore_eos=True))
     await anext(first)
     with pytest.raises(QueueFull) as info:
@@ -219,7 +219,7 @@ async def test_queue_full_refused_before_work():
     assert info.value.status == 429 and info.value.retry_after_s >= 1
     await first.aclose()
     assert_idle(host)
-    host503 = EngineHost(cfg.models[0], ServiceConfig(refusal_status=503), engine=FakeEngine(token_delay_s=0.01))
+    host503 = EngineHost(cfg.models[0], FakeEngine(token_delay_s=0.01), ServiceConfig(refusal_status=503))
     held = host503.generate(make_request("a", max_tokens=50, ignore_eos=True))
     await anext(held)
     with pytest.raises(QueueFullUnavailable):
@@ -230,7 +230,7 @@ async def test_queue_full_refused_before_work():
 async def test_requests_queue_and_all_finish():
     cfg = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 4})
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.001)
-    host = EngineHost(cfg.models[0], ServiceConfig(), engine=engine)
+    host = EngineHost(cfg.models[0], engine, ServiceConfig())
     results = await asyncio.gather(*(collect(host, make_request(f"q{i}")) for i in range(4)))
     assert all(text_of(deltas) == ANSWER for _, deltas in results)
     assert host.admission.stats().peak_waiting >= 1
@@ -250,15 +250,15 @@ async def test_tokenize_detokenize_and_stats(host, engine):
     with pytest.raises(InvalidRequest):
         await host.tokenize(PromptInput(text=""))
     stats = await host.stats()
-    assert stats["model"] == "fake-model" and stats["healthy"] is True
-    assert stats["admission"]["in_system"] == 0
-    assert stats["kv_cache_tokens"] == engine.kv_cache_tokens
+    assert stats.model == "fake-model" and stats.healthy is True
+    assert stats.admission.in_system == 0
+    assert stats.kv_cache_tokens == engine.kv_cache_tokens
 
 
 async def test_token_budget_defaults_to_kv_cache():
-    host = EngineHost(make_config().models[0], ServiceConfig(), engine=FakeEngine(kv_cache_tokens=1234))
+    host = EngineHost(make_config().models[0], FakeEngine(kv_cache_tokens=1234), ServiceConfig())
     assert host.admission.token_budget == 1234
-    host = EngineHost(make_config(deployment={"token_budget": 99}).models[0], ServiceConfig(), engine=FakeEngine())
+    host = EngineHost(make_config(deployment={"token_budget": 99}).models[0], FakeEngine(), ServiceConfig())
     assert host.admission.token_budget == 99
 
 
@@ -274,7 +274,7 @@ class DeadOnceEngine(FakeEngine):
 
 async def test_host_remembers_a_dead_engine():
     engine = DeadOnceEngine(max_model_len=MAX_MODEL_LEN)
-    host = EngineHost(make_config().models[0], ServiceConfig(), engine=engine)
+    host = EngineHost(make_config().models[0], engine, ServiceConfig())
     await engine.check_health()
     with pytest.raises(ServiceUnavailable):
         await anext(host.generate(make_request("hello")))

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from app import sse
+from tests.support.sse import parse
 
 
 def test_event_framing_exact_bytes():
@@ -37,12 +38,12 @@ def test_done_and_error_event():
 def test_parse_round_trip():
     payloads = [{"i": 0, "s": "é"}, {"i": 1, "choices": []}, {"x": "a\n\nb"}]
     raw = b"".join(sse.event(p) for p in payloads) + sse.DONE
-    assert sse.parse(raw.decode("utf-8")) == [*payloads, "[DONE]"]
+    assert parse(raw.decode("utf-8")) == [*payloads, "[DONE]"]
 
 
 def test_parse_rejects_non_data_lines():
     with pytest.raises(AssertionError):
-        sse.parse("event: ping\n\n")
+        parse("event: ping\n\n")
 
 
 def test_media_type_and_headers():

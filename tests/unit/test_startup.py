@@ -11,7 +11,7 @@ import pytest
 from app.errors import ServiceUnavailable
 from app.fake_engine import FakeEngine
 from app.ingress import create_app
-from app.server import EngineHost
+from app.host import EngineHost
 from tests.unit.unit_support import MODEL_ID, chat_body, make_config, make_request
 
 
@@ -41,7 +41,7 @@ async def _wait_ready(host: EngineHost) -> None:
 async def test_starting_replica_refuses_with_503_then_serves():
     config = make_config()
     engine = SlowStartEngine()
-    host = EngineHost(config.models[0], config.service, engine=engine, start_in_background=True)
+    host = EngineHost(config.models[0], engine, config.service, start_in_background=True)
     app = create_app(config, {MODEL_ID: host})
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         await host.check_health()  # alive while loading: Serve must not kill it
@@ -52,7 +52,7 @@ async def test_starting_replica_refuses_with_503_then_serves():
         r = await client.post("/v1/chat/completions", json=chat_body())
         assert r.status_code == 503 and "starting" in r.json()["error"]["message"]
         assert int(r.headers["retry-after"]) >= 1
-        assert (await host.stats())["ready"] is False
+        assert (await host.stats()).ready is False
 
         engine.release.set()
         await _wait_ready(host)
@@ -65,7 +65,7 @@ async def test_failed_start_fails_liveness_so_serve_replaces_the_replica():
     config = make_config()
     engine = SlowStartEngine(fail=True)
     engine.release.set()
-    host = EngineHost(config.models[0], config.service, engine=engine, start_in_background=True)
+    host = EngineHost(config.models[0], engine, config.service, start_in_background=True)
     import asyncio
 
     for _ in range(200):
@@ -84,4 +84,4 @@ def test_foreground_start_failure_raises():
     engine = SlowStartEngine(fail=True)
     engine.release.set()
     with pytest.raises(RuntimeError, match="failed to start"):
-        EngineHost(config.models[0], config.service, engine=engine)
+        EngineHost(config.models[0], engine, config.service)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app import sse
+from tests.support import sse
 from app.fake_engine import FakeEngine
 from tests.unit.unit_support import chat_body, make_config
 
@@ -73,7 +73,7 @@ async def test_refusal_does_no_work(make_stack):
 async def test_ingress_refuses_past_capacity_without_calling_the_replica(make_stack):
     config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 1})
     stack = make_stack(config, FakeEngine(max_model_len=256, token_delay_s=0.02))
-    capacity = stack.app.state.capacity
+    capacity = stack.app.state.ingress.capacity
     holders = [asyncio.create_task(stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=20, ignore_eos=True)))
                for _ in range(2)]
     await asyncio.sleep(0.05)

@@ -18,8 +18,8 @@ from app.config import AppConfig, parse_config
 from app.engine import GenerationParams
 from app.fake_engine import FakeEngine
 from app.ingress import create_app
-from app.protocol import GenerateRequest, PromptInput
-from app.server import EngineHost
+from app.engine import GenerateRequest, PromptInput
+from app.host import EngineHost
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_ID = "fake-model"
@@ -53,7 +53,7 @@ def make_config(service: dict[str, Any] | None = None, **model_overrides: Any) -
     return parse_config(data)
 
 
-def make_request(prompt: PromptInput | str | list[dict[str, str]], deadline_s: float = 30.0,
+def make_request(prompt: PromptInput | str | list[dict[str, str]], timeout_s: float = 30.0,
                  want_prompt_text: bool = False, **params: Any) -> GenerateRequest:
     """A `GenerateRequest` as the ingress would build it; `params` go to `GenerationParams`."""
     if isinstance(prompt, str):
@@ -65,7 +65,7 @@ def make_request(prompt: PromptInput | str | list[dict[str, str]], deadline_s: f
         request_id=f"test-{uuid.uuid4().hex}",
         prompt=prompt,
         params=GenerationParams(**params),
-        deadline=time.time() + deadline_s,
+        timeout_s=timeout_s,
         want_prompt_text=want_prompt_text,
     )
 
@@ -80,7 +80,7 @@ class Stack:
     def __init__(self, config: AppConfig, engine: FakeEngine):
         self.config = config
         self.engine = engine
-        self.host = EngineHost(config.models[0], config.service, engine=engine)
+        self.host = EngineHost(config.models[0], engine, config.service)
         self.app = create_app(config, {config.models[0].id: self.host})
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test", timeout=10)
 

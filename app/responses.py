@@ -12,8 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from app.engine import ChoiceDelta, GenerationDelta, TokenLogprob
-from app.protocol import Admitted
+from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
 
 
 def _utf8(text: str) -> list[int]:

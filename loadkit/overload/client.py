@@ -100,7 +100,7 @@ async def _plain(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Record) -
     try:
         post = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": rec.request_id})
         r = await (asyncio.wait_for(post, timeout=spec.hangup_after_s) if spec.hangup else post)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         rec.outcome = "hangup"
         return
     if r.status_code != 200:

@@ -66,7 +66,8 @@ def _share(records: list[Record]) -> str:
     if not records:
         return "-"
     n = len(records)
-    return f"{sum(r.spec.max_tokens >= 128 for r in records) / n * 100:.0f}% / {sum(r.spec.stream for r in records) / n * 100:.0f}%"
+    long, streams = sum(r.spec.max_tokens >= 128 for r in records), sum(r.spec.stream for r in records)
+    return f"{long / n * 100:.0f}% / {streams / n * 100:.0f}%"
 
 
 _ROWS: list[tuple[str, Callable[[Phase], str]]] = [
@@ -167,7 +168,7 @@ def breakdown_lines(result: OverloadResult) -> list[str]:
 
 def render(facts: RunFacts, cap: Capacity, result: OverloadResult, targets: list[Target]) -> str:
     phases, idle = result.loaded, result.idle_after
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     quick = " (quick smoke run: short phases, figures not meaningful)" if facts.quick else ""
     out = [f"### Run of {now}{quick}\n", *setup_lines(facts, cap, result), ""]
     out.append("| | " + " | ".join(p.name for p in phases) + " |")

@@ -33,8 +33,10 @@ class Stats:
     @classmethod
     def from_json(cls, d: dict) -> Stats:
         engine, admission = d.get("engine") or {}, d.get("admission") or {}
-        return cls(engine_running=engine.get("running", 0), generation_tokens_total=engine.get("generation_tokens_total"),
-                   kv_cache_usage=engine.get("kv_cache_usage", 0.0), preemptions_total=engine.get("preemptions_total", 0),
+        return cls(engine_running=engine.get("running", 0),
+                   generation_tokens_total=engine.get("generation_tokens_total"),
+                   kv_cache_usage=engine.get("kv_cache_usage", 0.0),
+                   preemptions_total=engine.get("preemptions_total", 0),
                    running=admission.get("running", 0), waiting=admission.get("waiting", 0),
                    in_system=admission.get("in_system", 0), peak_waiting=admission.get("peak_waiting", 0),
                    refused_queue_full=admission.get("refused_queue_full", 0),
@@ -92,7 +94,7 @@ async def wait_idle(http: httpx.AsyncClient, model: str, timeout_s: float) -> Id
 async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 

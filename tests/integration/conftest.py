@@ -1,25 +1,24 @@
 """One real stack per test session: `python -m app serve` (Ray Serve + vLLM on the CPU, the
 default model), started as a user starts it, and stopped with Ctrl-C (SIGINT to its process
-group) at the end, after which no Ray or engine process may remain."""
+group) at the end, after which no Ray or engine process may remain. Starting, stopping and the search for
+leftover processes are loadkit.service's, the same as the benchmark's and the overload check's."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
-import psutil
 import pytest
 import yaml
 
 from app.cli import wait_healthy
+from loadkit.service import STACK_MARKERS, ProcessGroup, child_env, processes_started_since
+from loadkit.service import free_port as free_port  # re-exported: the tests' import of it stays
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-integration"
@@ -29,35 +28,20 @@ SECOND_MODEL = "smollm2-short"
 MAX_ONGOING = 4
 MAX_QUEUED = 4
 STARTUP_TIMEOUT_S = 420
-SERVICE_PROCESS_MARKERS = ("VLLM::EngineCore", "VLLM::Worker", "raylet", "gcs_server", "ray::", "ServeReplica", "ServeController")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def service_processes(since: float) -> list[str]:
-    found = []
-    for p in psutil.process_iter(["pid", "name", "cmdline", "create_time"]):
-        try:
-            if p.info["create_time"] < since - 1:
-                continue
-            text = " ".join(p.info["cmdline"] or []) + " " + (p.info["name"] or "")
-            if any(m in text for m in SERVICE_PROCESS_MARKERS):
-                found.append(f"{p.info['pid']}: {text[:120]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+    """Ray and engine processes started since `since` (epoch seconds) that are still there."""
+    return processes_started_since(since, STACK_MARKERS)
 
 
 class Service:
-    def __init__(self, base_url: str, proc: subprocess.Popen, log_path: Path, started_at: float):
+    def __init__(self, base_url: str, group: ProcessGroup):
         self.base_url = base_url
-        self.proc = proc
-        self.log_path = log_path
-        self.started_at = started_at
+        self.group = group
+        self.proc = group.proc
+        self.log_path = group.log_path
+        self.started_at = group.started_at
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
 
     def stats(self, model: str = MODEL) -> dict:
@@ -110,21 +94,14 @@ def running_stack(tmp: Path, config: dict, extra_args: tuple[str, ...] = ()) -> 
     port = config["service"]["port"]
     config_path = tmp / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    log_path = tmp / "service.log"
-    started_at = time.time()
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "APP_API_KEYS")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--config", str(config_path), "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra_args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,  # its own process group, so "Ctrl-C" reaches only the service
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # not inherited as ignored
-        )
-    svc = Service(f"http://127.0.0.1:{port}", proc, log_path, started_at)
+    # Its own process group with SIGINT at its default, so "Ctrl-C" reaches only the service, and does.
+    group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(config_path),
+                          "--startup-timeout", str(STARTUP_TIMEOUT_S), *extra_args],
+                         cwd=REPO, env=child_env(), log_path=tmp / "service.log")
+    svc = Service(f"http://127.0.0.1:{port}", group)
     try:
         if not svc.wait_healthy(STARTUP_TIMEOUT_S):
-            tail = log_path.read_text(errors="replace")[-4000:]
-            pytest.fail(f"service did not become healthy; log tail:\n{tail}")
+            pytest.fail(f"service did not become healthy; log tail:\n{group.log_tail(4000)}")
         yield svc
     finally:
         stop_service(svc)
@@ -138,13 +115,11 @@ def service(tmp_path_factory) -> Iterator[Service]:
 
 
 def stop_service(svc: Service) -> None:
-    if svc.proc.poll() is None:
-        os.killpg(svc.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        try:
-            svc.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(svc.proc.pid, signal.SIGKILL)
-            svc.proc.wait()
+    """Ctrl-C (SIGINT to its process group), SIGKILL after 120 s; then whatever of it outlived the service is
+    killed, and said (a warning in the test summary: test_zz_shutdown is the test that fails on it)."""
+    report = svc.group.stop(sigint_wait_s=120, sigterm_wait_s=0, sigkill_wait_s=30, leftover_wait_s=20)
+    if not report.clean:
+        warnings.warn(f"the service left processes behind: {report.text(20)}", stacklevel=2)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
-"""Smoke test for scripts/bench.py: the cheapest real path, end to end.
+"""Smoke test for scripts/bench.py (the command line of loadkit.bench): the cheapest real path, end to end.
 
 `scripts/bench.py --quick --systems naive --repeats 2` starts the naive FastAPI baseline (no vLLM
 engine, up in seconds) twice, in two rounds; each time drives it with vLLM's own load generator (a
 handful of short requests at one concurrency) and stops it; then pools the rounds and writes the
-report and plots. The report's table must have a row
+report and plots. The report's table must have a row, labelled with its precision,
 with nonzero throughput and no failed request, and nothing the run started may be left.
 """
 
@@ -35,14 +35,14 @@ def _table_rows(markdown: str) -> list[dict[str, str]]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) != len(header):
             break
-        rows.append(dict(zip(header, cells)))
+        rows.append(dict(zip(header, cells, strict=True)))
     return rows
 
 
 def test_bench_quick_naive(tmp_path: Path):
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive", "--repeats", "2",
+        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive", "--repeats", "2", "--dtype", "float32",
          "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "raw"), "--startup-timeout", "60"],
         cwd=REPO, capture_output=True, text=True, timeout=BUDGET_S + 30,
     )
@@ -58,7 +58,10 @@ def test_bench_quick_naive(tmp_path: Path):
     assert float(row["Req/s"]) > 0, row
     assert int(row["Failed"]) == 0, row
     assert row["Runs"] == "2", row
+    assert row["Precision"] == "float32", row
     assert "Reduced smoke run" in report
+    assert "Not every system ran" not in report
+    assert "- Precision: float32 (asked with `--dtype`)" in report and "logical CPUs" in report
     for name in ("bench_throughput.png", "bench_ttft.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
 
@@ -66,7 +69,9 @@ def test_bench_quick_naive(tmp_path: Path):
     (run,) = results["runs"]
     assert run["port"] != 8000
     assert "--port 8000 " not in run["rows"][0]["load_command"] + " "
-    assert run["rows"][0]["completed"] == 2 * 4 and run["rows"][0]["failed"] == 0
-    assert len(run["rows"][0]["output_tok_s_runs"]) == 2
+    figures = run["rows"][0]["figures"]
+    assert figures["completed"] == 2 * 4 and figures["failed"] == 0
+    assert len(figures["output_tok_s_runs"]) == 2
+    assert run["dtype"] == "float32" and "--dtype float32" in " ".join(run["command"])
     assert "--seed 1 " in run["rows"][0]["load_command"]  # the second repeat sends new prompts
     assert "no process left behind" in run["stop_report"], run["stop_report"]

@@ -1,0 +1,140 @@
+"""One launch of one variant in one round: start it, wait until it answers, sweep every step once with the
+round's prompts, stop it leaving nothing behind.
+
+A system that cannot start (a peer's import error, a crash while loading) ends its launch with a status that
+says why, including the last error line of its log, which the report puts in its first lines.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from loadkit.bench.load import SEED, Step, load_command, prompts_for, run_load, warmups_for
+from loadkit.bench.results import Launch, StepRecord
+from loadkit.bench.systems import MODEL_ID, Launchable, Variant, system_command, system_env
+from loadkit.precision import resolved_dtype
+from loadkit.proctree import PeakSampler, ProcessTree
+from loadkit.service import ProcessGroup, free_port
+
+
+def say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What every launch of a run shares."""
+
+    at: Launchable
+    steps: list[Step]
+    input_len: int
+    num_prompts: int | None  # as asked (None: scaled to the concurrency)
+    warmups: int | None
+    startup_timeout_s: float
+    run_timeout_s: float | None
+    stop_grace_s: float
+
+
+def last_error_line(log: str) -> str:
+    """The line of a log that says why a process died (the exception of its last traceback), or its last line."""
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line.split(":", 1)[0] or line.startswith(("ModuleNotFoundError", "ImportError")):
+            return line[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def wait_ready(group: ProcessGroup, port: int, timeout_s: float) -> str | None:
+    """None when /v1/models lists the model and one tiny chat completion succeeds; else why not."""
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not group.running():
+            return (f"exited with status {group.proc.returncode} while starting: "
+                    f"{last_error_line(group.log_tail(20000))}")
+        try:
+            r = httpx.get(f"{base}/v1/models", timeout=5)
+            if r.status_code == 200 and MODEL_ID in r.text:
+                r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+                    "model": MODEL_ID, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+                    "temperature": 0})
+                if r.status_code == 200:
+                    return None
+                last = f"probe chat completion: HTTP {r.status_code}: {r.text[:300]}"
+            else:
+                last = f"/v1/models: HTTP {r.status_code}"
+        except httpx.HTTPError as err:  # not listening yet
+            last = f"{type(err).__name__}: {err}"
+        time.sleep(1.0)
+    return f"not ready within {timeout_s:.0f} s (last: {last})"
+
+
+def _step(v: Variant, sweep: Sweep, port: int, sampler: PeakSampler, step: Step, round_: int) -> StepRecord:
+    at = sweep.at
+    n = prompts_for(v.system, step, sweep.num_prompts)
+    name = f"{v.system}-{v.dtype}-c{step.concurrency}-r{round_}.json"
+    cmd = load_command(at.repo, port, at.model_dir, step, n, sweep.input_len,
+                       warmups_for(v.system, step.concurrency, sweep.warmups), at.work, name, seed=SEED + round_)
+    timeout = sweep.run_timeout_s or max(300.0, 60 + n * step.output_len / 10.0)  # a floor of 10 output tok/s
+    say(f"{v.key}: concurrency {step.concurrency}, {n} prompts, {sweep.input_len} in / {step.output_len} out tokens, "
+        f"seed {SEED + round_}")
+    sampler.reset_peak()
+    err = run_load(at.repo, cmd, at.work / f"{v.system}-{v.dtype}-c{step.concurrency}.load.log", timeout)
+    sampler.sample()
+    if err is None and not (at.work / name).exists():
+        err = "no result file"
+    if err is None:
+        d = json.loads((at.work / name).read_text())
+        say(f"{v.key}: c={step.concurrency}: {d['output_throughput']:.1f} tok/s, {d['failed']} failed")
+    else:
+        say(f"{v.key}: c={step.concurrency}: {err}")
+    return StepRecord(concurrency=step.concurrency, num_prompts=n, output_len=step.output_len,
+                      peak_rss_bytes=sampler.peak, load_command=shlex.join(cmd),
+                      result=str(at.work / name) if err is None else None, error=err)
+
+
+def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[StepRecord]]:
+    """One launch of `v`: every step once with round `round_`'s prompts (seed SEED + round_)."""
+    at = sweep.at
+    port = free_port()
+    command = system_command(v, port, at)
+    launch = Launch(system=v.system, dtype=v.dtype, round=round_, port=port, command=command,
+                    log_path=str(at.work / f"{v.system}-{v.dtype}.r{round_}.server.log"))
+    records: list[StepRecord] = []
+    say(f"{v.key}: round {round_}: starting on port {port}: {shlex.join(command)}")
+    started = time.monotonic()
+    group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=Path(launch.log_path))
+    sampler = PeakSampler(ProcessTree(group.pid, group.tag)).start()
+    try:
+        why = wait_ready(group, port, sweep.startup_timeout_s)
+        if why:
+            launch.status = f"failed to start: {why}"
+            say(f"{v.key}: {launch.status}\n--- log tail ---\n{group.log_tail(2000)}\n---")
+            return launch, records
+        launch.startup_s = time.monotonic() - started
+        launch.idle_rss_bytes = sampler.sample()
+        launch.resolved_dtype = resolved_dtype(group.log_tail(200_000))
+        launch.status = "ok"
+        say(f"{v.key}: ready in {launch.startup_s:.0f} s, {launch.idle_rss_bytes / 2**30:.2f} GiB RSS"
+            + (f", engine dtype {launch.resolved_dtype}" if launch.resolved_dtype else ""))
+        for step in sweep.steps:
+            records.append(_step(v, sweep, port, sampler, step, round_))
+            if not group.running():
+                launch.status = f"exited with status {group.proc.returncode} during the benchmark"
+                say(f"{v.key}: {launch.status}")
+                break
+        return launch, records
+    finally:
+        sampler.sample()
+        seen = sampler.known()
+        sampler.close()
+        launch.stop_report = group.stop(sigint_wait_s=sweep.stop_grace_s, seen=seen).text()
+        say(f"{v.key}: {launch.stop_report}")

@@ -38,7 +38,7 @@ class AdmissionStats:
 class Ticket:
     __slots__ = ("_admission", "state", "tokens", "started", "_future")
 
-    def __init__(self, admission: "Admission"):
+    def __init__(self, admission: Admission):
         self._admission = admission
         self.state = _RESERVED
         self.tokens = 0
@@ -53,8 +53,14 @@ class Ticket:
 
 
 class Admission:
-    def __init__(self, max_running: int, max_queued: int, token_budget: int, queue_timeout_s: float,
-                 refusal: type[QueueFull] = QueueFull):
+    def __init__(
+        self,
+        max_running: int,
+        max_queued: int,
+        token_budget: int,
+        queue_timeout_s: float,
+        refusal: type[QueueFull] = QueueFull,
+    ):
         self.max_running = max_running
         self.max_queued = max_queued
         self.token_budget = token_budget
@@ -81,7 +87,8 @@ class Admission:
         if self._in_system >= self.max_running + self.max_queued:
             self._refused_full += 1
             raise self._refusal(
-                f"Server is at capacity ({self.max_running} running, {self.max_queued} queued); retry after the Retry-After delay, with backoff",
+                f"Server is at capacity ({self.max_running} running, {self.max_queued} queued); "
+                "retry after the Retry-After delay, with backoff",
                 retry_after_s=self.retry_after_s(),
             )
         self._in_system += 1
@@ -110,12 +117,13 @@ class Admission:
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         try:
             await asyncio.wait_for(asyncio.shield(ticket._future), timeout=min(timeout_s, self.queue_timeout_s))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if ticket.state == _RUNNING:  # admitted in the same instant the wait ran out
                 return
             self._refused_timeout += 1
             raise QueueTimeout(
-                f"Request waited {min(timeout_s, self.queue_timeout_s):.0f} s in the queue without a free slot; retry later",
+                f"Request waited {min(timeout_s, self.queue_timeout_s):.0f} s in the queue without a free slot; "
+                "retry later",
                 retry_after_s=self.retry_after_s(),
             ) from None
 

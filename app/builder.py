@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from ray import serve
+from ray.serve.deployment import Deployment
 
 from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
 from app.replicas import EngineReplica, Ingress, ModelServer
@@ -25,14 +26,14 @@ def engine_deployment_name(model_id: str) -> str:
     return "engine-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
 
 
-def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica) -> Any:
+def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica) -> Deployment:
     dep = model.deployment
     serve_cap = dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK
     if cls is ModelServer:
         # Every HTTP request reaches this replica (probes too), and refusing one in-process costs almost
         # nothing; a tight Serve cap would make the proxy queue them, then drop them as plain-text 503s.
         serve_cap = _HTTP_HEADROOM + serve_cap
-    return serve.deployment(cls).options(
+    return serve.deployment(
         name=engine_deployment_name(model.id),
         num_replicas=dep.num_replicas,
         ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},
@@ -41,7 +42,7 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
         health_check_period_s=dep.health_check_period_s,
         health_check_timeout_s=dep.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.service.drain_grace_s,
-    )
+    )(cls)
 
 
 def colocated(config: AppConfig) -> bool:
@@ -70,13 +71,13 @@ def build_from_config(config: AppConfig, listen: bool = False) -> serve.Applicat
         model = config.models[0]
         return _engine_deployment(model, config, ModelServer).bind(config, listen)
     engines = {m.id: _engine_deployment(m, config).bind(m, config.service) for m in config.models}
-    ingress = serve.deployment(Ingress).options(
+    ingress = serve.deployment(
         name=INGRESS_NAME,
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=10_000,  # the ingress only awaits; the engines bound the work
         graceful_shutdown_timeout_s=config.service.drain_grace_s,
-    )
+    )(Ingress)
     return ingress.bind(config, engines, listen)
 
 
@@ -87,7 +88,9 @@ def config_from_args(args: dict[str, Any]) -> AppConfig:
     if unknown:
         raise ConfigError(f"build_app args has unknown keys {sorted(unknown)}; pass 'config_path' or 'config'")
     if ("config_path" in args) == ("config" in args):
-        raise ConfigError("build_app args needs exactly one of 'config_path' (a YAML file) or 'config' (the config inline)")
+        raise ConfigError(
+            "build_app args needs exactly one of 'config_path' (a YAML file) or 'config' (the config inline)"
+        )
     if "config_path" in args:
         return load_config(args["config_path"])
     return parse_config(args["config"], origin="build_app args 'config'")

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, load_config
@@ -71,8 +71,12 @@ def kill_descendants(grace_s: float = 5.0) -> int:
     return len(procs)
 
 
-def wait_healthy(base_url: str, timeout_s: float, gave_up: Callable[[], bool] = lambda: False,
-                 pause: Callable[[float], object] = time.sleep) -> bool:
+def wait_healthy(
+    base_url: str,
+    timeout_s: float,
+    gave_up: Callable[[], bool] = lambda: False,
+    pause: Callable[[float], object] = time.sleep,
+) -> bool:
     """Polls `base_url`/health until it answers 200 (True), or `timeout_s` passes or `gave_up()` (False).
     Also what the integration tests wait with."""
     deadline = time.monotonic() + timeout_s
@@ -99,34 +103,95 @@ QUIET_PRIVATE_RAY = {
 }
 
 
-def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: bool = False) -> int:
-    config = load_config(config_path)
+class _Stop:
+    """SIGINT/SIGTERM, installed explicitly: a process started in the background may inherit SIGINT as ignored."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.received: list[int] = []
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        self.event.set()
+
+
+def _port_free(config: AppConfig) -> bool:
+    """Fails now, not after a minute of start-up, when the port is taken."""
     from app.http_listener import CannotListen, bind_socket
 
-    own_ray = not os.environ.get("RAY_ADDRESS")
+    try:
+        bind_socket(config.service.host, config.service.port, reuse_port=False).close()
+    except CannotListen as err:
+        _say(str(err))
+        return False
+    return True
+
+
+def start_ray(own_ray: bool) -> None:
+    """Our own private, loopback-only Ray (no dashboard, nothing listening beyond 127.0.0.1), or the
+    cluster at RAY_ADDRESS."""
+    import ray
+
     if own_ray:
-        try:  # fail now, not after a minute of start-up, when the port is taken
-            bind_socket(config.service.host, config.service.port, reuse_port=False).close()
-        except CannotListen as err:
-            _say(str(err))
-            return 1
+        ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+    else:
+        ray.init(logging_level=logging.WARNING)
+
+
+def deploy(config: AppConfig, listen: bool) -> bool:
+    """Starts Serve (with no HTTP proxy when a replica listens itself) and deploys the app, not waiting
+    for it to be ready; False (after saying why) when the deployment fails."""
+    from ray import serve
+
+    from app.builder import build_from_config
+
+    if listen:
+        serve.start(proxy_location="Disabled")
+    else:
+        serve.start(http_options={"host": config.service.host, "port": config.service.port})
+    try:
+        serve.run(build_from_config(config, listen=listen), name=APP_NAME, route_prefix="/", blocking=False)
+    except RuntimeError as err:
+        _say(f"deployment failed; the replica logs above say why. {err}")
+        return False
+    return True
+
+
+def drain_and_stop(config: AppConfig) -> None:
+    """Lets requests in flight finish (up to `drain_grace_s`), then shuts Serve down."""
+    from ray import serve
+
+    from app.builder import ingress_deployment_name
+
+    grace = config.service.drain_grace_s
+    try:
+        handle = serve.get_deployment_handle(ingress_deployment_name(config), APP_NAME)
+        left = handle.drain.remote(grace).result(timeout_s=grace + 10)
+        if left:
+            _say(f"{left} request(s) still in flight after the grace period; stopping them")
+    except Exception as err:  # draining is best effort; shutting down is not
+        _say(f"drain skipped: {err}")
+    serve.shutdown()
+
+
+def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: bool = False) -> int:
+    """The local lifecycle in order: check, prepare the model, start Ray, deploy, wait until ready,
+    serve until a signal, drain and stop, and reap whatever is left."""
+    config = load_config(config_path)
+    own_ray = not os.environ.get("RAY_ADDRESS")
+    if own_ray and not _port_free(config):
+        return 1
     logging.basicConfig(level=config.service.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if any(m.source == DEFAULT_MODEL_SOURCE and m.engine_kind == "vllm" for m in config.models):
         from app.model_store import prepare_default_model
 
         prepare_default_model()
-
-    stop = threading.Event()
-    received: list[int] = []
-
-    def on_signal(signum, _frame):
-        received.append(signum)
-        stop.set()
-
-    # Installed explicitly: a process started in the background may inherit SIGINT as ignored.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-
+    stop = _Stop()
+    stop.install()
     _become_subreaper()
     started = time.monotonic()
     if own_ray:
@@ -138,52 +203,34 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
     # Ray folds log lines it deems similar into "[repeated Nx]"; per-request JSON lines must all get through.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
-    from ray import serve
 
-    from app.builder import build_from_config, ingress_deployment_name, one_http_replica
+    from app.builder import one_http_replica
 
     # On our own single-node Ray, one replica answering all HTTP listens on the port itself (no proxy
     # hop per token); several replicas, an existing cluster, or --serve-proxy use Serve's HTTP proxy.
     listen = own_ray and one_http_replica(config) and not via_serve_proxy
-
     try:
-        if own_ray:
-            # A private, loopback-only Ray: no dashboard, nothing listening beyond 127.0.0.1.
-            ray.init(address="local", include_dashboard=False,
-                     num_cpus=os.cpu_count(), logging_level=logging.WARNING)
-        else:
-            ray.init(logging_level=logging.WARNING)
-        for sig in (signal.SIGINT, signal.SIGTERM):  # ray.init may have installed its own
-            signal.signal(sig, on_signal)
-        if listen:
-            serve.start(proxy_location="Disabled")
-        else:
-            serve.start(http_options={"host": config.service.host, "port": config.service.port})
-        try:
-            serve.run(build_from_config(config, listen=listen), name=APP_NAME, route_prefix="/", blocking=False)
-        except RuntimeError as err:
-            _say(f"deployment failed; the replica logs above say why. {err}")
+        start_ray(own_ray)
+        stop.install()  # ray.init may have installed its own handlers
+        if not deploy(config, listen):
             return 1
         local = "127.0.0.1" if config.service.host in ("0.0.0.0", "::") else config.service.host
-        if not wait_healthy(f"http://{local}:{config.service.port}", startup_timeout_s, gave_up=stop.is_set, pause=stop.wait):
-            if not stop.is_set():
-                _say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
-                return 1
-        else:
-            _say(f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:{config.service.port}/v1 "
-                 f"(ready in {time.monotonic() - started:.0f} s; HTTP answered by "
-                 f"{'the replica itself' if listen else 'the Serve proxy'}); Ctrl-C to stop")
-            while not stop.wait(2.0):
+        if wait_healthy(
+            f"http://{local}:{config.service.port}", startup_timeout_s, gave_up=stop.event.is_set, pause=stop.event.wait
+        ):
+            _say(
+                f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:"
+                f"{config.service.port}/v1 (ready in {time.monotonic() - started:.0f} s; HTTP answered by "
+                f"{'the replica itself' if listen else 'the Serve proxy'}); Ctrl-C to stop"
+            )
+            while not stop.event.wait(2.0):
                 _reap_zombies()
-        _say(f"stopping (signal {received[0] if received else '-'}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
-        try:
-            left = serve.get_deployment_handle(ingress_deployment_name(config), APP_NAME).drain.remote(config.service.drain_grace_s).result(
-                timeout_s=config.service.drain_grace_s + 10)
-            if left:
-                _say(f"{left} request(s) still in flight after the grace period; stopping them")
-        except Exception as err:  # draining is best effort; shutting down is not
-            _say(f"drain skipped: {err}")
-        serve.shutdown()
+        elif not stop.event.is_set():
+            _say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
+            return 1
+        signum = stop.received[0] if stop.received else "-"
+        _say(f"stopping (signal {signum}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
+        drain_and_stop(config)
         return 0
     finally:
         if own_ray:
@@ -195,13 +242,22 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas.")
+    parser = argparse.ArgumentParser(
+        prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="start the service in the foreground (Ctrl-C drains and stops it)")
-    p_serve.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG.name})")
-    p_serve.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for the service to become healthy")
-    p_serve.add_argument("--serve-proxy", action="store_true",
-                         help="answer HTTP through Ray Serve's proxy (the KubeRay path) even when one replica could listen itself")
+    p_serve.add_argument(
+        "--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG.name})"
+    )
+    p_serve.add_argument(
+        "--startup-timeout", type=float, default=600.0, help="seconds to wait for the service to become healthy"
+    )
+    p_serve.add_argument(
+        "--serve-proxy",
+        action="store_true",
+        help="answer HTTP through Ray Serve's proxy (the KubeRay path) even when one replica could listen itself",
+    )
     p_prep = sub.add_parser("prepare-model", help="download and convert the default model (offline-capable, cached)")
     p_prep.add_argument("--force", action="store_true", help="prepare again even if cached")
     p_check = sub.add_parser("check-config", help="validate a config file without starting anything")

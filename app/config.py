@@ -31,13 +31,25 @@ class EngineConfig(_Strict):
 
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens (prompt + completion).")
     max_num_seqs: int = Field(32, ge=1, description="Most sequences the engine schedules in one step.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("bfloat16", description="Weight and activation dtype.")
-    enforce_eager: bool = Field(True, description="Skip torch.compile/CUDA graphs. Keep true on CPU: the compiled CPU path was seen producing wrong text.")
-    kv_cache_gib: int | None = Field(2, ge=1, description="CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE).")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Weight and activation dtype."
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="Skip torch.compile/CUDA graphs. Keep true on CPU: the compiled CPU path was seen "
+        "producing wrong text.",
+    )
+    kv_cache_gib: int | None = Field(
+        2, ge=1, description="CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included."
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica shards the model over.")
     seed: int = Field(0, description="Engine-wide random seed.")
-    trust_remote_code: bool = Field(False, description="Allow model code from the model folder. Only for models you trust.")
+    trust_remote_code: bool = Field(
+        False, description="Allow model code from the model folder. Only for models you trust."
+    )
 
 
 class DeploymentConfig(_Strict):
@@ -47,9 +59,18 @@ class DeploymentConfig(_Strict):
     num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves per replica.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves per replica; 0 runs on the CPU.")
     max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica runs in the engine at once.")
-    max_queued_requests: int = Field(32, ge=0, description="Requests one replica holds waiting for a slot; beyond this it refuses at once.")
-    queue_timeout_s: float = Field(30.0, gt=0, description="A request waiting longer than this for a slot is refused with 503.")
-    token_budget: int | None = Field(None, ge=1, description="Most prompt+max_tokens admitted at once per replica; default: the KV cache's size as the engine reports it.")
+    max_queued_requests: int = Field(
+        32, ge=0, description="Requests one replica holds waiting for a slot; beyond this it refuses at once."
+    )
+    queue_timeout_s: float = Field(
+        30.0, gt=0, description="A request waiting longer than this for a slot is refused with 503."
+    )
+    token_budget: int | None = Field(
+        None,
+        ge=1,
+        description="Most prompt+max_tokens admitted at once per replica; default: the KV cache's size as "
+        "the engine reports it.",
+    )
     health_check_period_s: float = Field(5.0, gt=0, description="How often Ray Serve checks that the engine is alive.")
     health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")
 
@@ -57,7 +78,9 @@ class DeploymentConfig(_Strict):
 class LimitsConfig(_Strict):
     """The per-request contract; everything beyond it is a 400 naming the parameter."""
 
-    max_prompt_tokens: int | None = Field(None, ge=1, description="Largest prompt in tokens; default: max_model_len - 1.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Largest prompt in tokens; default: max_model_len - 1."
+    )
     max_tokens: int = Field(1024, ge=1, description="Largest max_tokens a request may ask for.")
     default_max_tokens: int = Field(256, ge=1, description="max_tokens for a request that does not say.")
     max_n: int = Field(8, ge=1, description="Largest n (choices per request).")
@@ -67,10 +90,11 @@ class LimitsConfig(_Strict):
     max_messages: int = Field(512, ge=1, description="Most chat messages per request.")
 
     @model_validator(mode="after")
-    def _default_within_cap(self) -> "LimitsConfig":
+    def _default_within_cap(self) -> LimitsConfig:
         if self.default_max_tokens > self.max_tokens:
             raise ValueError(
-                f"default_max_tokens ({self.default_max_tokens}) is above max_tokens ({self.max_tokens}); lower it or raise max_tokens"
+                f"default_max_tokens ({self.default_max_tokens}) is above max_tokens ({self.max_tokens}); "
+                "lower it or raise max_tokens"
             )
         return self
 
@@ -78,23 +102,33 @@ class LimitsConfig(_Strict):
 class ModelConfig(_Strict):
     """One served model: what clients call it, where it comes from, how it runs."""
 
-    id: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", description="Name clients send as `model`.")
-    source: str = Field(DEFAULT_MODEL_SOURCE, description="'default' (SmolLM2-135M-Instruct, prepared offline), a local model folder, or a Hugging Face hub id.")
-    engine_kind: Literal["vllm", "fake"] = Field("vllm", description="'fake' serves a deterministic test engine without loading a model.")
+    id: str = Field(
+        ..., min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", description="Name clients send as `model`."
+    )
+    source: str = Field(
+        DEFAULT_MODEL_SOURCE,
+        description="'default' (SmolLM2-135M-Instruct, prepared offline), a local model folder, "
+        "or a Hugging Face hub id.",
+    )
+    engine_kind: Literal["vllm", "fake"] = Field(
+        "vllm", description="'fake' serves a deterministic test engine without loading a model."
+    )
     engine: EngineConfig = EngineConfig()
     deployment: DeploymentConfig = DeploymentConfig()
     limits: LimitsConfig = LimitsConfig()
 
     @model_validator(mode="after")
-    def _limits_fit_context(self) -> "ModelConfig":
+    def _limits_fit_context(self) -> ModelConfig:
         n_ctx = self.engine.max_model_len
         if self.limits.default_max_tokens >= n_ctx:
             raise ValueError(
-                f"limits.default_max_tokens ({self.limits.default_max_tokens}) must be below engine.max_model_len ({n_ctx})"
+                f"limits.default_max_tokens ({self.limits.default_max_tokens}) must be below "
+                f"engine.max_model_len ({n_ctx})"
             )
         if self.limits.max_prompt_tokens is not None and self.limits.max_prompt_tokens >= n_ctx:
             raise ValueError(
-                f"limits.max_prompt_tokens ({self.limits.max_prompt_tokens}) must be below engine.max_model_len ({n_ctx})"
+                f"limits.max_prompt_tokens ({self.limits.max_prompt_tokens}) must be below "
+                f"engine.max_model_len ({n_ctx})"
             )
         if self.deployment.num_gpus == 0 and self.engine.tensor_parallel_size > 1:
             raise ValueError("engine.tensor_parallel_size > 1 needs deployment.num_gpus >= tensor_parallel_size")
@@ -114,14 +148,26 @@ class ServiceConfig(_Strict):
 
     host: str = Field("127.0.0.1", description="Address the HTTP server binds. 0.0.0.0 exposes it to the network.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    api_keys: tuple[str, ...] = Field((), description=f"Accepted bearer keys; more can come from ${API_KEYS_ENV} (comma-separated). Empty: no auth.")
+    api_keys: tuple[str, ...] = Field(
+        (), description=f"Accepted bearer keys; more can come from ${API_KEYS_ENV} (comma-separated). Empty: no auth."
+    )
     refusal_status: Literal[429, 503] = Field(429, description="Status for 'queue full' refusals.")
-    request_timeout_s: float = Field(600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream).")
+    request_timeout_s: float = Field(
+        600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream)."
+    )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body; larger is a 413.")
-    max_header_bytes: int = Field(16_384, ge=1024, description="Largest total size of the request's headers; larger is a 431.")
+    max_header_bytes: int = Field(
+        16_384, ge=1024, description="Largest total size of the request's headers; larger is a 431."
+    )
     drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level of the service's own loggers.")
-    colocate_ingress: bool = Field(True, description="With a single model, serve HTTP from the engine replicas themselves: no Ray hop per token between ingress and engine. With several models (or false) a separate ingress deployment routes by `model`.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level of the service's own loggers."
+    )
+    colocate_ingress: bool = Field(
+        True,
+        description="With a single model, serve HTTP from the engine replicas themselves: no Ray hop per token "
+        "between ingress and engine. With several models (or false) a separate ingress deployment routes by `model`.",
+    )
 
 
 class AppConfig(_Strict):
@@ -131,7 +177,7 @@ class AppConfig(_Strict):
     models: tuple[ModelConfig, ...] = Field(..., min_length=1, description="Served models; the first is listed first.")
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> "AppConfig":
+    def _unique_ids(self) -> AppConfig:
         ids = [m.id for m in self.models]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:

@@ -43,5 +43,7 @@ def keep_off_engine_cores(me: psutil.Process | None = None) -> set[int]:
     except (psutil.Error, OSError) as err:  # an optimisation only; never fail a start over it
         log.warning("could not keep the front end off the engine's cores: %r", err)
         return set()
-    log.info("engine computes on cores %s; this replica and the EngineCore run on cores %s", sorted(compute), sorted(front))
+    log.info(
+        "engine computes on cores %s; this replica and the EngineCore run on cores %s", sorted(compute), sorted(front)
+    )
     return front

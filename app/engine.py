@@ -9,8 +9,9 @@ vLLM, FastAPI or OpenAI wire types. This module imports neither of its implement
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,9 @@ class Engine(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncIterator[GenerationDelta]: ...
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
+    ) -> AsyncGenerator[GenerationDelta, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -151,4 +154,3 @@ class Engine(Protocol):
     def shutdown(self) -> None:
         """Stop the engine and every process it started."""
         ...
-

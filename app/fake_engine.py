@@ -4,12 +4,18 @@ One token is one byte of UTF-8 for prompts; the output is a fixed sentence of
 word tokens (then end-of-sequence), or numbered words when `ignore_eos` is set.
 `token_delay_s` makes generation take time, so admission and cancellation can be
 tested; `kill()` makes it behave like a dead engine.
+
+Tests wait for what the engine does, never for a fixed time: `await engine.wait_started()`,
+`await engine.wait_running(n)` (n requests inside `generate` at once) and
+`await engine.wait_aborted(request_id)` (or a count) return as soon as that is true and raise
+`TimeoutError` if it is not within `timeout_s`. They work from any event loop or thread (the engine
+may be driven by another thread's loop, or started in a background thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
 
@@ -24,12 +30,67 @@ class FakeEngine:
         self.running: set[str] = set()
         self.aborted: list[str] = []
         self.started = False
+        self.started_event = threading.Event()  # set by start(); stays set
         self.dead = False
         self._generated = 0
         self._prompted = 0
+        # Futures of tests waiting for a change, with their loops: woken (thread-safely) on every change.
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters_lock = threading.Lock()
 
     def start(self) -> None:
         self.started = True
+        self.started_event.set()
+        self._changed()
+
+    # -- waiting for what the engine does (tests) --------------------------------------------
+
+    def _changed(self) -> None:
+        with self._waiters_lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:  # that loop is closed: nobody waits there any more
+                pass
+
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float = 5.0, what: str = "") -> None:
+        """Return once `condition()` (about this engine's state) is true; re-checked on every change of the
+        engine's state. `TimeoutError` naming `what` if it is still false after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            future = loop.create_future()
+            with self._waiters_lock:
+                self._waiters.append((loop, future))
+            if condition():  # checked after registering, so a change in between is not missed
+                future.cancel()
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                future.cancel()
+                raise TimeoutError(f"fake engine: not {what or 'true'} within {timeout_s} s; "
+                                   f"running={sorted(self.running)} aborted={self.aborted}")
+            try:
+                await asyncio.wait_for(future, remaining)
+            except TimeoutError:
+                pass  # checked once more above, then reported
+
+    async def wait_started(self, timeout_s: float = 5.0) -> None:
+        await self.wait_until(self.started_event.is_set, timeout_s, "started")
+
+    async def wait_running(self, count: int = 1, timeout_s: float = 5.0) -> None:
+        """Until at least `count` requests are inside `generate` at once."""
+        await self.wait_until(lambda: len(self.running) >= count, timeout_s, f"{count} request(s) running")
+
+    async def wait_aborted(self, request_id: str | None = None, count: int = 1, timeout_s: float = 5.0) -> None:
+        """Until `request_id` was aborted, or (without one) at least `count` aborts happened."""
+        if request_id is not None:
+            await self.wait_until(lambda: request_id in self.aborted, timeout_s, f"{request_id} aborted")
+        else:
+            await self.wait_until(lambda: len(self.aborted) >= count, timeout_s, f"{count} abort(s)")
+
+    # -- the Engine interface ----------------------------------------------------------------
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -56,7 +117,7 @@ class FakeEngine:
             words = [f"{w}{(params.seed or 0) + index}" for w in words]
         return [w + " " for w in words[:-1]] + [words[-1]]
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncGenerator[GenerationDelta, None]:
         if self.dead:
             raise EngineDead("fake engine is dead")
         if params.json_schema is not None:
@@ -70,6 +131,7 @@ class FakeEngine:
             raise EngineRejected("prompt plus max_tokens exceeds max_model_len")
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
+        self._changed()
         try:
             plans = [self._words(params, i) for i in range(params.n)]
             texts = ["" for _ in plans]
@@ -108,10 +170,12 @@ class FakeEngine:
                 yield GenerationDelta(choices=tuple(choices))
         finally:
             self.running.discard(request_id)
+            self._changed()
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.running.discard(request_id)
+        self._changed()
 
     async def check_health(self) -> None:
         if self.dead:
@@ -122,7 +186,14 @@ class FakeEngine:
 
     def kill(self) -> None:
         self.dead = True
+        self._changed()
 
     def shutdown(self) -> None:
         self.started = False
+        self._changed()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 

@@ -15,18 +15,37 @@ import hmac
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config import AppConfig
-from app.errors import HeadersTooLarge, PayloadTooLarge, ServiceError, ServiceUnavailable, Unauthorized, queue_full_class
+from app.errors import (
+    HeadersTooLarge,
+    PayloadTooLarge,
+    ServiceError,
+    ServiceUnavailable,
+    Unauthorized,
+    queue_full_class,
+)
 from app.metrics import Metrics
 from app.wire_json import error_response
 
 OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes need no key
-KNOWN_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize",
-                             "/health", "/livez", "/stats", "/metrics"})
+KNOWN_ENDPOINTS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/tokenize",
+        "/detokenize",
+        "/health",
+        "/livez",
+        "/stats",
+        "/metrics",
+    }
+)
 GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
 access_log = logging.getLogger("app.access")
@@ -39,24 +58,31 @@ class Capacity:
     replicas' own admission remains the authority (with several ingress replicas this is per ingress)."""
 
     def __init__(self, config: AppConfig):
-        self.limit = {m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
-                       for m in config.models}
+        self.limit = {
+            m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
+            for m in config.models
+        }
         self.inflight = {m.id: 0 for m in config.models}
         self._refusal = queue_full_class(config.service.refusal_status)
 
     def refusal_if_all_full(self) -> ServiceError | None:
         """Every model at capacity: any generation request would be refused, whatever its body says."""
         if all(self.inflight[m] >= self.limit[m] for m in self.limit):
-            return self._refusal("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
+            return self._refusal(
+                "Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1
+            )
         return None
 
-    async def track(self, model_id: str, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async def track(self, model_id: str, stream: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
         """`stream`, counted from its first `anext` until it is closed, however that happens: by the
         end of the stream, an error, the client leaving, or garbage collection of a body never sent."""
         if self.inflight[model_id] >= self.limit[model_id]:
             await stream.aclose()
-            raise self._refusal(f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
-                                "retry after the Retry-After delay, with backoff", retry_after_s=1)
+            raise self._refusal(
+                f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
+                "retry after the Retry-After delay, with backoff",
+                retry_after_s=1,
+            )
         self.inflight[model_id] += 1
         try:
             async for item in stream:
@@ -88,7 +114,7 @@ class Lifecycle:
         self.draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         return self.inflight
 
@@ -96,8 +122,17 @@ class Lifecycle:
 class Gate:
     """Pure ASGI middleware in front of every route: request id, API key, sizes, drain, capacity."""
 
-    def __init__(self, app: ASGIApp, keys: list[bytes], max_body_bytes: int, max_header_bytes: int, lifecycle: Lifecycle,
-                 echo_request_id: bool, metrics: Metrics, capacity: Capacity):
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: list[bytes],
+        max_body_bytes: int,
+        max_header_bytes: int,
+        lifecycle: Lifecycle,
+        echo_request_id: bool,
+        metrics: Metrics,
+        capacity: Capacity,
+    ):
         self.app = app
         self.capacity = capacity
         self.max_header_bytes = max_header_bytes
@@ -131,16 +166,26 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        if self.keys and scope["path"] not in OPEN_PATHS and not authorized(headers.get(b"authorization", b""), self.keys):
+        if (
+            self.keys
+            and scope["path"] not in OPEN_PATHS
+            and not authorized(headers.get(b"authorization", b""), self.keys)
+        ):
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
         if header_bytes > self.max_header_bytes:
-            return await refuse(HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}"))
+            return await refuse(
+                HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}")
+            )
         if self.lifecycle.draining and scope["path"] != "/livez":
-            return await refuse(ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5))
+            return await refuse(
+                ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
+            )
         if scope["path"] in GENERATION_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
             return await refuse(full)  # before reading or parsing the body: under overload most requests end here
-        too_large = PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request")
+        too_large = PayloadTooLarge(
+            f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
+        )
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
             return await refuse(too_large)
@@ -169,9 +214,17 @@ class Gate:
         model = scope["state"].get("model", "-")
         self.metrics.requests.labels(model, endpoint, str(status)).inc()
         if endpoint not in QUIET_ENDPOINTS:
-            access_log.info("request", extra={"request_id": scope["state"]["request_id"], "method": scope["method"],
-                                              "path": endpoint, "status": status, "model": model,
-                                              "duration_ms": round((time.perf_counter() - started) * 1000, 1)})
+            access_log.info(
+                "request",
+                extra={
+                    "request_id": scope["state"]["request_id"],
+                    "method": scope["method"],
+                    "path": endpoint,
+                    "status": status,
+                    "model": model,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )
 
 
 def authorized(header: bytes, keys: list[bytes]) -> bool:

@@ -13,16 +13,33 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, TypeVar
 
 from app.admission import Admission, AdmissionStats
 from app.config import ModelConfig, ServiceConfig
-from app.engine import (Admitted, Engine, EngineDead, EngineFailed, EngineRejected, EngineStats, GenerateRequest,
-                        GenerationDelta, GenerationParams, PromptInput)
-from app.errors import (ContextLengthExceeded, InvalidRequest, RequestTimeout, ServiceError, ServiceUnavailable,
-                        queue_full_class)
+from app.engine import (
+    Admitted,
+    Engine,
+    EngineDead,
+    EngineFailed,
+    EngineRejected,
+    EngineStats,
+    GenerateRequest,
+    GenerationDelta,
+    GenerationParams,
+    PromptInput,
+)
+from app.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+    queue_full_class,
+)
 from app.logs import configure_logging
 
 log = logging.getLogger(__name__)
@@ -51,8 +68,13 @@ class EngineHost:
     replaces the replica). With `start_in_background` the constructor returns at once, so a replica
     is up, answering 503s and reporting "starting", while its engine loads."""
 
-    def __init__(self, model: ModelConfig, engine: Engine, service: ServiceConfig | None = None,
-                 start_in_background: bool = False):
+    def __init__(
+        self,
+        model: ModelConfig,
+        engine: Engine,
+        service: ServiceConfig | None = None,
+        start_in_background: bool = False,
+    ):
         service = service or ServiceConfig()
         configure_logging(service.log_level)
         self.model = model
@@ -90,14 +112,21 @@ class EngineHost:
         if not self.model.deployment.token_budget and self.engine.kv_cache_tokens:
             self.admission.token_budget = self.engine.kv_cache_tokens
         self._ready.set()
-        log.info("model %s ready in %.1f s; token budget %d", self.model.id, time.monotonic() - started, self.admission.token_budget)
+        log.info(
+            "model %s ready in %.1f s; token budget %d",
+            self.model.id,
+            time.monotonic() - started,
+            self.admission.token_budget,
+        )
 
     async def _in_tokenizer_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _require_ready(self) -> None:
         if self._dead:
-            raise ServiceUnavailable(f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5)
+            raise ServiceUnavailable(
+                f"the engine for '{self.model.id}' has died and is being replaced; retry shortly", retry_after_s=5
+            )
         if self._start_error:
             raise ServiceUnavailable(f"{self._start_error}; the replica is being replaced", retry_after_s=10)
         if not self._ready.is_set():
@@ -105,7 +134,7 @@ class EngineHost:
 
     # -- the request path -------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Admitted | GenerationDelta]:
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Admitted | GenerationDelta, None]:
         self._require_ready()
         ticket = self.admission.reserve()  # refuse before tokenizing anything
         outcome, prompt_tokens, generated = "client_gone", 0, 0
@@ -120,7 +149,11 @@ class EngineHost:
             params = self._fit_to_context(len(prompt_ids), request)
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, deadline - loop.time())
             timings["admitted_ms"] = _ms_since(arrived)
-            prompt_text = self._decode(prompt_ids, "prompt") if request.prompt.token_ids is not None and request.want_prompt_text else None
+            prompt_text = (
+                self._decode(prompt_ids, "prompt")
+                if request.prompt.token_ids is not None and request.want_prompt_text
+                else None
+            )
             deltas = self._run(request.request_id, prompt_ids, params, deadline)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
@@ -142,9 +175,18 @@ class EngineHost:
             raise
         finally:
             ticket.release()
-            log.info("engine request", extra={"request_id": request.request_id, "trace_id": request.trace_id,
-                                              "model": self.model.id, "outcome": outcome,
-                                              "prompt_tokens": prompt_tokens, "generated_tokens": generated, **timings})
+            log.info(
+                "engine request",
+                extra={
+                    "request_id": request.request_id,
+                    "trace_id": request.trace_id,
+                    "model": self.model.id,
+                    "outcome": outcome,
+                    "prompt_tokens": prompt_tokens,
+                    "generated_tokens": generated,
+                    **timings,
+                },
+            )
 
     def _render(self, prompt: PromptInput) -> list[int]:
         try:
@@ -157,9 +199,15 @@ class EngineHost:
         except InvalidRequest:
             raise
         except Exception as err:  # e.g. a chat template that rejects the message order
-            raise InvalidRequest(f"the prompt could not be rendered for this model: {err}", param="messages" if prompt.messages else "prompt") from None
+            raise InvalidRequest(
+                f"the prompt could not be rendered for this model: {err}",
+                param="messages" if prompt.messages else "prompt",
+            ) from None
         if not ids:
-            raise InvalidRequest("the prompt is empty; send at least one token of text", param="messages" if prompt.messages else "prompt")
+            raise InvalidRequest(
+                "the prompt is empty; send at least one token of text",
+                param="messages" if prompt.messages else "prompt",
+            )
         return ids
 
     def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
@@ -168,7 +216,8 @@ class EngineHost:
         max_prompt = self.model.max_prompt_tokens
         if prompt_tokens > max_prompt:
             raise ContextLengthExceeded(
-                f"The prompt is {prompt_tokens} tokens; this model accepts at most {max_prompt} prompt tokens. Shorten the {param}.",
+                f"The prompt is {prompt_tokens} tokens; this model accepts at most {max_prompt} prompt tokens. "
+                f"Shorten the {param}.",
                 param=param,
             )
         n_ctx = self.model.engine.max_model_len
@@ -178,13 +227,15 @@ class EngineHost:
             return replace(params, max_tokens=n_ctx - prompt_tokens)
         raise ContextLengthExceeded(
             f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-            f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {param}, {params.max_tokens} in the completion). "
+            f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {param}, "
+            f"{params.max_tokens} in the completion). "
             f"Please reduce the length of the {param} or completion.",
             param=param,
         )
 
-    async def _run(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
-                   deadline: float) -> AsyncIterator[GenerationDelta]:
+    async def _run(
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """The engine's stream, ended by `deadline` (the event loop's clock)."""
         stream = self.engine.generate(request_id, prompt_ids, params)
         finished = False
@@ -198,19 +249,24 @@ class EngineHost:
                         return
                 yield delta
         except TimeoutError:
-            raise RequestTimeout("The request ran past its time limit and was stopped; ask for fewer tokens or retry later") from None
+            raise RequestTimeout(
+                "The request ran past its time limit and was stopped; ask for fewer tokens or retry later"
+            ) from None
         except EngineRejected as err:
             finished = True
             raise InvalidRequest(str(err), param=self._rejected_param(params)) from None
         except EngineFailed as err:
             finished = True  # the engine has already ended it
             log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
-            raise ServiceUnavailable(f"the engine ended this request without finishing it ({err}); retry",
-                                     retry_after_s=1) from None
+            raise ServiceUnavailable(
+                f"the engine ended this request without finishing it ({err}); retry", retry_after_s=1
+            ) from None
         except EngineDead as err:
             self._dead = str(err)
             log.error("engine for %s died: %s", self.model.id, err)
-            raise ServiceUnavailable(f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5) from None
+            raise ServiceUnavailable(
+                f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
+            ) from None
         finally:
             await stream.aclose()
             if not finished:
@@ -236,7 +292,9 @@ class EngineHost:
         try:
             return self.engine.decode(token_ids)
         except Exception as err:  # e.g. an id past the tokenizer's integer type (HF: OverflowError for >= 2**32)
-            raise InvalidRequest(f"the token ids could not be decoded by this model's tokenizer: {err}", param=param) from None
+            raise InvalidRequest(
+                f"the token ids could not be decoded by this model's tokenizer: {err}", param=param
+            ) from None
 
     async def check_health(self) -> None:
         """Ray Serve's liveness probe: cheap, never fails because the engine is busy or still loading;
@@ -247,11 +305,6 @@ class EngineHost:
             return
         try:
             await self.engine.check_health()
-        except EngineFailed as err:
-            finished = True  # the engine has already ended it
-            log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
-            raise ServiceUnavailable(f"the engine ended this request without finishing it ({err}); retry",
-                                     retry_after_s=1) from None
         except EngineDead as err:
             self._dead = str(err)
             raise RuntimeError(f"engine dead: {err}") from None

@@ -15,6 +15,7 @@ import logging
 import socket
 
 import uvicorn
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,10 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno in (errno.EADDRINUSE, errno.EACCES):
-            raise CannotListen(f"cannot listen on {host}:{port}: {err.strerror}; stop whatever holds the port "
-                            f"or set service.port to a free one") from err
+            raise CannotListen(
+                f"cannot listen on {host}:{port}: {err.strerror}; stop whatever holds the port "
+                f"or set service.port to a free one"
+            ) from err
         raise
     return sock
 
@@ -50,19 +53,20 @@ class HttpListener:
     """Lifecycle: `start()` (binds and serves in the running event loop) → `stop_accepting()` (when the
     replica is being stopped) → `stop()`."""
 
-    def __init__(self, app, host: str, port: int):
+    def __init__(self, app: ASGIApp, host: str, port: int):
         self.host, self.port = host, port
         self._app = app
         self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         sock = bind_socket(self.host, self.port, reuse_port=True)
-        config = uvicorn.Config(self._app, lifespan="off", access_log=False, log_config=None,
-                                timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S)
+        config = uvicorn.Config(
+            self._app, lifespan="off", access_log=False, log_config=None, timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S
+        )
         server = uvicorn.Server(config)
         # Signals belong to the Ray worker, never to a server inside it.
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         self._task.add_done_callback(self._on_exit)
@@ -89,7 +93,7 @@ class HttpListener:
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._server.force_exit = True
             self._task.cancel()
         self._server = None

@@ -9,7 +9,7 @@ the host itself in the colocated replica and in tests, `ray_backend.HandleBacken
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,16 +31,28 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_
     """The OpenAI API over `backends` (model id -> backend). `behind_serve_proxy`: Serve's HTTP proxy
     answers the socket (see `IngressState.behind_serve_proxy`)."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
-    state = IngressState(config=config, backends=backends, metrics=Metrics(), capacity=Capacity(config),
-                         lifecycle=Lifecycle(), behind_serve_proxy=behind_serve_proxy)
+    state = IngressState(
+        config=config,
+        backends=backends,
+        metrics=Metrics(),
+        capacity=Capacity(config),
+        lifecycle=Lifecycle(),
+        behind_serve_proxy=behind_serve_proxy,
+    )
     api.state.ingress = state
     _add_error_handlers(api, state)
     api.include_router(routes.router)
     api.include_router(ops_routes.router)
-    api.add_middleware(Gate, keys=[k.encode() for k in config.api_keys()],  # type: ignore[arg-type]
-                       max_body_bytes=config.service.max_body_bytes,
-                       max_header_bytes=config.service.max_header_bytes, lifecycle=state.lifecycle,
-                       echo_request_id=not behind_serve_proxy, metrics=state.metrics, capacity=state.capacity)
+    api.add_middleware(
+        Gate,
+        keys=[k.encode() for k in config.api_keys()],
+        max_body_bytes=config.service.max_body_bytes,
+        max_header_bytes=config.service.max_header_bytes,
+        lifecycle=state.lifecycle,
+        echo_request_id=not behind_serve_proxy,
+        metrics=state.metrics,
+        capacity=state.capacity,
+    )
     return api
 
 
@@ -60,14 +72,16 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
             return error_response(InvalidRequest("The request body is not valid JSON", param=None))
         param = loc[0] if loc else None
         where = ".".join(loc) or "body"
-        return error_response(InvalidRequest(f"Invalid value for '{where}': {first.get('msg', 'invalid')}",
-                                             param=param))
+        return error_response(
+            InvalidRequest(f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param=param)
+        )
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
         if err.status_code == 404:
-            return error_response(NotFound(f"No route {request.method} {request.url.path}; "
-                                           "see docs/api.md for the endpoints"))
+            return error_response(
+                NotFound(f"No route {request.method} {request.url.path}; see docs/api.md for the endpoints")
+            )
         if err.status_code == 405:
             return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
         if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader

@@ -7,8 +7,9 @@ handle. Routes find this state on `request.app.state.ingress`.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.config import AppConfig, ModelConfig
 from app.engine import GenerateRequest, PromptInput
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
-    def generate(self, request: GenerateRequest) -> AsyncIterator[Any]: ...
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]: ...
     async def tokenize(self, prompt: PromptInput) -> list[int]: ...
     async def detokenize(self, token_ids: list[int]) -> str: ...
     async def check_health(self) -> None: ...
@@ -47,6 +48,7 @@ class IngressState:
     def backend_for(self, model_id: str) -> tuple[ModelConfig, Backend]:
         model = self.models.get(model_id)
         if model is None:
-            raise ModelNotFound(f"The model '{model_id}' does not exist; GET /v1/models lists the served models",
-                                param="model")
+            raise ModelNotFound(
+                f"The model '{model_id}' does not exist; GET /v1/models lists the served models", param="model"
+            )
         return model, self.backends[model_id]

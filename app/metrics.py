@@ -9,7 +9,8 @@ same thing. Each app gets its own registry, so several apps (tests) never clash.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,38 +27,77 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("app_requests", "HTTP requests answered, by model, endpoint and status.",
-                                ["model", "endpoint", "status"], registry=r)
-        self.refusals = Counter("app_refusals", "Requests refused, by reason (queue_full, queue_timeout, "
-                                "context_length_exceeded, request_timeout, invalid_api_key, request_too_large, ...).",
-                                ["model", "reason"], registry=r)
-        self.client_aborts = Counter("app_client_disconnects", "Requests whose client went away before the end; "
-                                     "their engine requests were aborted.", ["model", "endpoint"], registry=r)
-        self.ttft = Histogram("app_time_to_first_token_seconds", "From request arrival to the first generated token.",
-                              ["model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("app_inter_token_latency_seconds", "Between consecutive streamed chunks.",
-                             ["model"], buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("app_e2e_request_latency_seconds", "From request arrival to the last byte of a served request.",
-                             ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "app_requests",
+            "HTTP requests answered, by model, endpoint and status.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "app_refusals",
+            "Requests refused, by reason (queue_full, queue_timeout, "
+            "context_length_exceeded, request_timeout, invalid_api_key, request_too_large, ...).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.client_aborts = Counter(
+            "app_client_disconnects",
+            "Requests whose client went away before the end; their engine requests were aborted.",
+            ["model", "endpoint"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "app_time_to_first_token_seconds",
+            "From request arrival to the first generated token.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "app_inter_token_latency_seconds",
+            "Between consecutive streamed chunks.",
+            ["model"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "app_e2e_request_latency_seconds",
+            "From request arrival to the last byte of a served request.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
 
-    def render(self, replica_stats: dict[str, "ReplicaStats"]) -> bytes:
+    def render(self, replica_stats: dict[str, ReplicaStats]) -> bytes:
         return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats))
 
 
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
-    def __init__(self, stats: dict[str, "ReplicaStats"]):
+    def __init__(self, stats: dict[str, ReplicaStats]):
         self._stats = stats
 
     def collect(self) -> Iterable[Metric]:
         gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
-            "app_queue_depth": ("Requests waiting for an engine slot in the replica's admission queue.", lambda s: s.admission.waiting),
-            "app_requests_admitted": ("Requests admitted into the engine by the replica.", lambda s: s.admission.running),
-            "app_token_budget_in_use": ("prompt + max_tokens of admitted requests.", lambda s: s.admission.tokens_in_use),
+            "app_queue_depth": (
+                "Requests waiting for an engine slot in the replica's admission queue.",
+                lambda s: s.admission.waiting,
+            ),
+            "app_requests_admitted": (
+                "Requests admitted into the engine by the replica.",
+                lambda s: s.admission.running,
+            ),
+            "app_token_budget_in_use": (
+                "prompt + max_tokens of admitted requests.",
+                lambda s: s.admission.tokens_in_use,
+            ),
             "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s.admission.token_budget),
             "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s.healthy else 0),
-            "vllm:num_requests_running": ("Requests in the engine (vLLM's unfinished requests).", lambda s: s.engine.running),
+            "vllm:num_requests_running": (
+                "Requests in the engine (vLLM's unfinished requests).",
+                lambda s: s.engine.running,
+            ),
             "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
             "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
         }
@@ -66,7 +106,10 @@ class _Snapshot:
             "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
             "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
             "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
-            "app_refused_queue_timeout": ("Refused by the replica: waited too long.", lambda s: s.admission.refused_queue_timeout),
+            "app_refused_queue_timeout": (
+                "Refused by the replica: waited too long.",
+                lambda s: s.admission.refused_queue_timeout,
+            ),
         }
         for name, (doc, read) in gauges.items():
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
@@ -74,10 +117,10 @@ class _Snapshot:
                 family.add_metric([model], read(s))
             yield family
         for name, (doc, read) in counters.items():
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
             for model, s in self._stats.items():
-                family.add_metric([model], read(s))
-            yield family
+                counter.add_metric([model], read(s))
+            yield counter
 
 
 class RequestTimer:

@@ -47,13 +47,16 @@ def resolve_source(source: str) -> str:
         folder = default_model_dir()
         if not (folder / _COMPLETE_MARKER).exists():
             raise FileNotFoundError(
-                f"the default model is not prepared at {folder}; run `python -m app prepare-model` (or `make serve`, which does it)"
+                f"the default model is not prepared at {folder}; run `python -m app prepare-model` "
+                "(or `make serve`, which does it)"
             )
         return str(folder)
     path = Path(source).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model folder {path} has no config.json; point `source` at a Hugging Face model folder")
+            raise FileNotFoundError(
+                f"model folder {path} has no config.json; point `source` at a Hugging Face model folder"
+            )
         return str(path.resolve())
     return source  # a hub id; vLLM fetches it where a hub is reachable
 
@@ -81,7 +84,7 @@ def _convert(gguf_dir: Path, out_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME, dtype=torch.bfloat16)
     # save_pretrained refuses a model still marked as GGUF-quantised; the weights are already dense.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (typed as a quantizer; None is what save_pretrained checks)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out_dir)

@@ -35,7 +35,7 @@ async def livez() -> dict[str, str]:
 async def health(request: Request) -> JSONResponse:
     backends = _state(request).backends
     results = await asyncio.gather(*(_ready(b) for b in backends.values()))
-    per_model = dict(zip(backends.keys(), results))
+    per_model = dict(zip(backends.keys(), results, strict=True))
     ok = all(per_model.values())
     return JSONResponse({"status": "ok" if ok else "unavailable", "models": per_model}, status_code=200 if ok else 503)
 

@@ -21,8 +21,19 @@ IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
 MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
 # Known OpenAI parameters this service does not implement: a 400 that says so.
 UNSUPPORTED_PARAMETERS = (
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "logit_bias",
-    "audio", "modalities", "prediction", "reasoning_effort", "web_search_options", "best_of", "suffix",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "logit_bias",
+    "audio",
+    "modalities",
+    "prediction",
+    "reasoning_effort",
+    "web_search_options",
+    "best_of",
+    "suffix",
 )
 
 
@@ -39,18 +50,25 @@ class _Request(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     stream: bool = False
-    stream_options: "StreamOptions | None" = None
+    stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
 
     @model_validator(mode="after")
-    def _refuse_unknown(self) -> "_Request":
+    def _refuse_unknown(self) -> _Request:
         for name, value in (self.model_extra or {}).items():
             if name in IGNORED_PARAMETERS:
                 continue
             if name in UNSUPPORTED_PARAMETERS:
-                if value in (None, [], {}, False) or (name == "tool_choice" and value == "none") or (name == "best_of" and value == 1):
+                if (
+                    value in (None, [], {}, False)
+                    or (name == "tool_choice" and value == "none")
+                    or (name == "best_of" and value == 1)
+                ):
                     continue
-                raise UnsupportedParameter(f"'{name}' is not supported by this service; remove it from the request (see docs/api.md)", param=name)
+                raise UnsupportedParameter(
+                    f"'{name}' is not supported by this service; remove it from the request (see docs/api.md)",
+                    param=name,
+                )
             raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
@@ -59,26 +77,48 @@ class _Request(BaseModel):
     def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > limits.max_stop_sequences:
-            raise InvalidRequest(f"'stop' has {len(stops)} sequences; at most {limits.max_stop_sequences} are allowed", param="stop")
+            raise InvalidRequest(
+                f"'stop' has {len(stops)} sequences; at most {limits.max_stop_sequences} are allowed", param="stop"
+            )
         for s in stops:
             if not s:
                 raise InvalidRequest("'stop' sequences must not be empty", param="stop")
             if len(s) > limits.max_stop_sequence_chars:
-                raise InvalidRequest(f"a 'stop' sequence is {len(s)} characters; at most {limits.max_stop_sequence_chars} are allowed", param="stop")
+                raise InvalidRequest(
+                    f"a 'stop' sequence is {len(s)} characters; at most {limits.max_stop_sequence_chars} are allowed",
+                    param="stop",
+                )
         return tuple(stops)
 
-    def _params(self, limits: LimitsConfig, max_tokens: int | None, max_tokens_name: str, logprobs: int | None, logprobs_name: str, **extra: Any) -> GenerationParams:
+    def _params(
+        self,
+        limits: LimitsConfig,
+        max_tokens: int | None,
+        max_tokens_name: str,
+        logprobs: int | None,
+        logprobs_name: str,
+        **extra: Any,
+    ) -> GenerationParams:
         is_default = max_tokens is None
         if max_tokens is None:
             max_tokens = limits.default_max_tokens
         elif max_tokens > limits.max_tokens:
-            raise InvalidRequest(f"'{max_tokens_name}' is {max_tokens}; this model allows at most {limits.max_tokens}", param=max_tokens_name)
+            raise InvalidRequest(
+                f"'{max_tokens_name}' is {max_tokens}; this model allows at most {limits.max_tokens}",
+                param=max_tokens_name,
+            )
         if self.n > limits.max_n:
             raise InvalidRequest(f"'n' is {self.n}; this model allows at most {limits.max_n}", param="n")
         if self.n > 1 and self.temperature == 0:
-            raise InvalidRequest("'n' > 1 needs sampling; with temperature 0 every choice would be the same. Raise 'temperature' or set n to 1", param="n")
+            raise InvalidRequest(
+                "'n' > 1 needs sampling; with temperature 0 every choice would be the same. "
+                "Raise 'temperature' or set n to 1",
+                param="n",
+            )
         if logprobs is not None and logprobs > limits.max_logprobs:
-            raise InvalidRequest(f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name)
+            raise InvalidRequest(
+                f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name
+            )
         return GenerationParams(
             max_tokens=max_tokens,
             n=self.n,
@@ -136,11 +176,17 @@ class JsonSchemaSpec(BaseModel):
         # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
         level: list[Any] = [schema] if schema else []
         for _ in range(MAX_JSON_SCHEMA_NESTING):
-            level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
-                     if isinstance(child, (dict, list))]
+            level = [
+                child
+                for node in level
+                for child in (node.values() if isinstance(node, dict) else node)
+                if isinstance(child, (dict, list))
+            ]
             if not level:
                 return schema
-        raise ValueError(f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels")
+        raise ValueError(
+            f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
+        )
 
 
 class ResponseFormat(BaseModel):
@@ -149,7 +195,7 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaSpec | None = None
 
     @model_validator(mode="after")
-    def _schema_present(self) -> "ResponseFormat":
+    def _schema_present(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type 'json_schema' needs a 'json_schema' object")
         return self
@@ -165,22 +211,39 @@ class ChatCompletionRequest(_Request):
 
     def to_prompt(self, limits: LimitsConfig) -> PromptInput:
         if len(self.messages) > limits.max_messages:
-            raise InvalidRequest(f"'messages' has {len(self.messages)} entries; at most {limits.max_messages} are allowed", param="messages")
+            raise InvalidRequest(
+                f"'messages' has {len(self.messages)} entries; at most {limits.max_messages} are allowed",
+                param="messages",
+            )
         return PromptInput(messages=tuple({"role": m.role, "content": m.text()} for m in self.messages))
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
-        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
-            raise InvalidRequest("'max_tokens' and 'max_completion_tokens' disagree; send one of them", param="max_completion_tokens")
-        name, max_tokens = ("max_completion_tokens", self.max_completion_tokens) if self.max_completion_tokens is not None else ("max_tokens", self.max_tokens)
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequest(
+                "'max_tokens' and 'max_completion_tokens' disagree; send one of them", param="max_completion_tokens"
+            )
+        name, max_tokens = (
+            ("max_completion_tokens", self.max_completion_tokens)
+            if self.max_completion_tokens is not None
+            else ("max_tokens", self.max_tokens)
+        )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
         fmt = self.response_format
         return self._params(
-            limits, max_tokens, name,
+            limits,
+            max_tokens,
+            name,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             logprobs_name="top_logprobs",
             json_object=bool(fmt and fmt.type == "json_object"),
-            json_schema=(fmt.json_schema.schema_ or {}) if fmt and fmt.type == "json_schema" and fmt.json_schema else None,
+            json_schema=(fmt.json_schema.schema_ or {})
+            if fmt and fmt.type == "json_schema" and fmt.json_schema
+            else None,
         )
 
 
@@ -194,13 +257,17 @@ class CompletionRequest(_Request):
         p = self.prompt
         if isinstance(p, str):
             return PromptInput(text=p)
-        if all(isinstance(x, str) for x in p):
+        texts = [x for x in p if isinstance(x, str)]
+        if texts:
             if len(p) != 1:
-                raise UnsupportedParameter("batched prompts are not supported; send one prompt per request", param="prompt")
-            return PromptInput(text=p[0])
-        if any(t < 0 for t in p):
+                raise UnsupportedParameter(
+                    "batched prompts are not supported; send one prompt per request", param="prompt"
+                )
+            return PromptInput(text=texts[0])
+        token_ids = tuple(x for x in p if isinstance(x, int))
+        if any(t < 0 for t in token_ids):
             raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
-        return PromptInput(token_ids=tuple(p))
+        return PromptInput(token_ids=token_ids)
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
         return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")

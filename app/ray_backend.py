@@ -8,12 +8,13 @@ unavailable replica, a cancelled call) become the service's 429/503 with the Ope
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, cast
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.engine import GenerateRequest, PromptInput
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
@@ -41,8 +42,9 @@ def translate(err: BaseException) -> BaseException:
     if isinstance(err, TaskCancelledError):  # the call was cancelled under us (replica stopping); not a server bug
         return ServiceUnavailable("The request was cancelled by the serving layer; retry", retry_after_s=1)
     if isinstance(err, _UNAVAILABLE):
-        return ServiceUnavailable("No engine replica is available for this model right now; retry shortly",
-                                  retry_after_s=5)
+        return ServiceUnavailable(
+            "No engine replica is available for this model right now; retry shortly", retry_after_s=5
+        )
     return err
 
 
@@ -53,8 +55,9 @@ class HandleBackend:
         self._handle = handle
         self._stream = handle.options(stream=True)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Any]:
-        response = self._stream.generate_remote.remote(request)
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
+        # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
+        response = cast(DeploymentResponseGenerator[Any], self._stream.generate_remote.remote(request))
         try:
             async for item in response:
                 if isinstance(item, Refused):

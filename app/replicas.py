@@ -13,7 +13,8 @@ every process it started.
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import ray
 from fastapi import FastAPI
@@ -56,8 +57,11 @@ def _keep_replica_port_on_loopback() -> None:
         return
     original = getattr(replica, "add_port_to_grpc_server", None)
     if ray.__version__ != _PATCHED_RAY_VERSION or original is None:
-        log.warning("Ray %s is not %s, for which the replica's gRPC port is kept on loopback; it may listen on "
-                    "every interface", ray.__version__, _PATCHED_RAY_VERSION)
+        log.warning(
+            "Ray %s is not %s, for which the replica's gRPC port is kept on loopback; it may listen on every interface",
+            ray.__version__,
+            _PATCHED_RAY_VERSION,
+        )
         return
     if getattr(original, "loopback_only", False):
         return
@@ -82,7 +86,7 @@ class EngineReplica:
         _keep_replica_port_on_loopback()
         self.host = EngineHost(model, make_engine(model), service, start_in_background=True)
 
-    async def generate_remote(self, request: GenerateRequest) -> AsyncIterator[Any]:
+    async def generate_remote(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         """`generate` for callers across the Ray handle: errors come back as `Refused` values."""
         try:
             async for item in self.host.generate(request):
@@ -138,8 +142,9 @@ class ModelServer:
         return await self._api.state.ingress.lifecycle.drain(grace_s)
 
     def __del__(self) -> None:
-        if getattr(self, "_listener", None) is not None:
-            self._listener.stop_accepting()
+        listener: HttpListener | None = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop_accepting()
         host = getattr(self, "host", None)
         if host is not None:
             host.shutdown()
@@ -164,5 +169,6 @@ class Ingress:
         return await self._api.state.ingress.lifecycle.drain(grace_s)
 
     def __del__(self) -> None:
-        if getattr(self, "_listener", None) is not None:
-            self._listener.stop_accepting()
+        listener: HttpListener | None = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.stop_accepting()

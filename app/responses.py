@@ -9,8 +9,9 @@ which `ChatShape` and `CompletionShape` own.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
 
@@ -25,22 +26,34 @@ class ChatShape:
 
     @staticmethod
     def logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
-        return {"content": [
-            {"token": lp.token, "logprob": lp.logprob, "bytes": _utf8(lp.token),
-             "top_logprobs": [{"token": t, "logprob": v, "bytes": _utf8(t)} for t, v in lp.top]}
-            for lp in lps
-        ]}
+        return {
+            "content": [
+                {
+                    "token": lp.token,
+                    "logprob": lp.logprob,
+                    "bytes": _utf8(lp.token),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _utf8(t)} for t, v in lp.top],
+                }
+                for lp in lps
+            ]
+        }
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant", "content": c.text} if first else {"content": c.text}
-        return {"index": c.index, "delta": delta,
-                "logprobs": self.logprobs(c.logprobs) if c.logprobs is not None else None,
-                "finish_reason": c.finish_reason}
+        return {
+            "index": c.index,
+            "delta": delta,
+            "logprobs": self.logprobs(c.logprobs) if c.logprobs is not None else None,
+            "finish_reason": c.finish_reason,
+        }
 
-    def full_choice(self, acc: "_ChoiceState") -> dict[str, Any]:
-        return {"index": acc.index, "message": {"role": "assistant", "content": acc.text},
-                "logprobs": self.logprobs(acc.logprobs) if acc.logprobs is not None else None,
-                "finish_reason": acc.finish_reason}
+    def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
+        return {
+            "index": acc.index,
+            "message": {"role": "assistant", "content": acc.text},
+            "logprobs": self.logprobs(acc.logprobs) if acc.logprobs is not None else None,
+            "finish_reason": acc.finish_reason,
+        }
 
 
 class CompletionShape:
@@ -52,26 +65,36 @@ class CompletionShape:
         self._offsets: dict[int, int] = {}  # choice index -> where its next streamed text starts
 
     @staticmethod
-    def logprobs(lps, offset: int = 0) -> dict[str, Any]:
+    def logprobs(lps: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
         offsets, pos = [], offset
         for lp in lps:
             offsets.append(pos)
             pos += len(lp.token)
-        return {"tokens": [lp.token for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
-                "top_logprobs": [{t: v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+        return {
+            "tokens": [lp.token for lp in lps],
+            "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{t: v for t, v in lp.top} for lp in lps],
+            "text_offset": offsets,
+        }
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         text = (self.echo_text or "") + c.text if first else c.text
         start = self._offsets.get(c.index, len(self.echo_text or ""))  # text_offset counts from the choice's whole text
         self._offsets[c.index] = start + len(c.text)
-        return {"index": c.index, "text": text,
-                "logprobs": self.logprobs(c.logprobs, start) if c.logprobs is not None else None,
-                "finish_reason": c.finish_reason}
+        return {
+            "index": c.index,
+            "text": text,
+            "logprobs": self.logprobs(c.logprobs, start) if c.logprobs is not None else None,
+            "finish_reason": c.finish_reason,
+        }
 
-    def full_choice(self, acc: "_ChoiceState") -> dict[str, Any]:
-        return {"index": acc.index, "text": (self.echo_text or "") + acc.text,
-                "logprobs": self.logprobs(acc.logprobs, len(self.echo_text or "")) if acc.logprobs is not None else None,
-                "finish_reason": acc.finish_reason}
+    def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
+        return {
+            "index": acc.index,
+            "text": (self.echo_text or "") + acc.text,
+            "logprobs": self.logprobs(acc.logprobs, len(self.echo_text or "")) if acc.logprobs is not None else None,
+            "finish_reason": acc.finish_reason,
+        }
 
 
 @dataclass
@@ -111,8 +134,11 @@ class Responder:
 
     def usage(self) -> dict[str, int]:
         completion = sum(c.tokens for c in self._choices)
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
 
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
@@ -141,7 +167,7 @@ class Responder:
         out["usage"] = self.usage()
         return out
 
-    async def collect(self, stream: AsyncIterator[GenerationDelta]) -> dict[str, Any]:
+    async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]:
         async for delta in stream:
             for c in delta.choices:
                 self._absorb(c)

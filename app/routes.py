@@ -13,7 +13,8 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -32,7 +33,9 @@ from app.wire_json import JSONBody
 log = logging.getLogger("app.ingress")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; only the access log sees it
 # The OpenAPI document names both bodies a generation route answers with.
-_STREAMED = {200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}}
+_STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}
+}
 
 router = APIRouter()
 
@@ -92,18 +95,25 @@ async def detokenize(request: Request, body: DetokenizeRequest) -> dict[str, Any
 
 
 def _model_card(model: ModelConfig) -> dict[str, Any]:
-    return {"id": model.id, "object": "model", "created": 0, "owned_by": "app",
-            "max_model_len": model.engine.max_model_len}
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "app",
+        "max_model_len": model.engine.max_model_len,
+    }
 
 
-async def _generate_unless_gone(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                                shape: ChatShape | CompletionShape, prefix: str) -> Response:
+async def _generate_unless_gone(
+    request: Request, body: ChatCompletionRequest | CompletionRequest, shape: ChatShape | CompletionShape, prefix: str
+) -> Response:
     work = _generate(request, body, shape, prefix)
     return await (work if _state(request).behind_serve_proxy else _cancel_on_disconnect(request, work))
 
 
-async def _generate(request: Request, body: ChatCompletionRequest | CompletionRequest,
-                    shape: ChatShape | CompletionShape, prefix: str) -> Response:
+async def _generate(
+    request: Request, body: ChatCompletionRequest | CompletionRequest, shape: ChatShape | CompletionShape, prefix: str
+) -> Response:
     state = _state(request)
     model, backend = state.backend_for(body.model)
     request.state.model = model.id
@@ -128,8 +138,9 @@ async def _generate(request: Request, body: ChatCompletionRequest | CompletionRe
     responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage)
     responder.admitted(admitted)
     if body.stream:
-        return StreamingResponse(_events(responder, stream, timer, request.url.path),
-                                 media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        return StreamingResponse(
+            _events(responder, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+        )
     timer.token(time.perf_counter())
     try:
         result = await responder.collect(stream)
@@ -141,8 +152,9 @@ async def _generate(request: Request, body: ChatCompletionRequest | CompletionRe
         await stream.aclose()
 
 
-async def _events(responder: Responder, stream: AsyncIterator[Any], timer: RequestTimer,
-                  endpoint: str) -> AsyncIterator[bytes]:
+async def _events(
+    responder: Responder, stream: AsyncGenerator[Any, None], timer: RequestTimer, endpoint: str
+) -> AsyncGenerator[bytes, None]:
     """The SSE body of a stream. Closing the stream (client gone) aborts the engine request."""
     clock = time.perf_counter
     ended = False

@@ -22,4 +22,3 @@ def event(payload: dict[str, Any]) -> bytes:
 def error_event(body: dict[str, Any]) -> bytes:
     """An error after the 200 was sent: the OpenAI error object as one event; `DONE` follows."""
     return event(body)
-

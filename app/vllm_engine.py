@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
@@ -23,8 +24,16 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from app.config import ModelConfig
 from app.cpu_affinity import keep_off_engine_cores
-from app.engine import (ChoiceDelta, EngineDead, EngineFailed, EngineRejected, EngineStats, GenerationDelta,
-                        GenerationParams, TokenLogprob)
+from app.engine import (
+    ChoiceDelta,
+    EngineDead,
+    EngineFailed,
+    EngineRejected,
+    EngineStats,
+    GenerationDelta,
+    GenerationParams,
+    TokenLogprob,
+)
 from app.model_store import resolve_source
 
 log = logging.getLogger(__name__)
@@ -41,8 +50,9 @@ class _StatsRecorder(StatLoggerBase):
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         if scheduler_stats is not None:
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
@@ -106,7 +116,7 @@ def _finite(logprob: float) -> float:
 
 
 def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:
-    pairs = list(zip(completion.token_ids, completion.logprobs or ()))
+    pairs = list(zip(completion.token_ids, completion.logprobs or (), strict=False))  # no logprobs: no pairs
     if pairs and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
         # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text, so leave
         # it out of the logprobs too; the tokens then spell the text, as OpenAI's do.
@@ -115,11 +125,13 @@ def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:
     for token_id, alternatives in pairs:
         chosen = alternatives[token_id]
         ranked = sorted(alternatives.values(), key=lambda lp: lp.rank)[:top_k]
-        out.append(TokenLogprob(
-            token=chosen.decoded_token or "",
-            logprob=_finite(chosen.logprob),
-            top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for lp in ranked),
-        ))
+        out.append(
+            TokenLogprob(
+                token=chosen.decoded_token or "",
+                logprob=_finite(chosen.logprob),
+                top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for lp in ranked),
+            )
+        )
     return tuple(out)
 
 
@@ -179,7 +191,9 @@ class VLLMEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncIterator[GenerationDelta]:
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         try:
             sampling = _sampling_params(params)
         except (VLLMValidationError, ValueError) as err:
@@ -201,7 +215,9 @@ class VLLMEngine:
             # Failing to hand the request to the engine core, vLLM has already registered it and never aborts
             # it: it would count as running forever. Abort it by our id (a no-op when vLLM did abort it).
             await self.abort(request_id)
-            if isinstance(cause, (ValueError, TypeError)):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
+            if isinstance(
+                cause, (ValueError, TypeError)
+            ):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
                 raise EngineRejected(f"the engine could not take this request: {cause}") from None
             raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
 

@@ -15,9 +15,18 @@ may be driven by another thread's loop, or started in a background thread).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import threading
+from collections.abc import AsyncGenerator, Callable
 
-from app.engine import ChoiceDelta, EngineDead, EngineRejected, EngineStats, GenerationDelta, GenerationParams, TokenLogprob
+from app.engine import (
+    ChoiceDelta,
+    EngineDead,
+    EngineRejected,
+    EngineStats,
+    GenerationDelta,
+    GenerationParams,
+    TokenLogprob,
+)
 
 ANSWER = "This is a fake answer from the test engine."
 
@@ -117,7 +126,9 @@ class FakeEngine:
             words = [f"{w}{(params.seed or 0) + index}" for w in words]
         return [w + " " for w in words[:-1]] + [words[-1]]
 
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: GenerationParams) -> AsyncGenerator[GenerationDelta, None]:
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         if self.dead:
             raise EngineDead("fake engine is dead")
         if params.json_schema is not None:
@@ -153,7 +164,8 @@ class FakeEngine:
                     finish = None
                     stop_at = min((texts[i].find(s) for s in params.stop if s in texts[i]), default=-1)
                     if stop_at >= 0:
-                        word = word[: len(word) - (len(texts[i]) - stop_at)] if len(texts[i]) - len(word) <= stop_at else ""
+                        cut = len(texts[i]) - stop_at  # characters of this word at or past the stop string
+                        word = word[: len(word) - cut] if len(texts[i]) - len(word) <= stop_at else ""
                         finish = "stop"
                     elif step + 1 >= params.max_tokens:
                         finish = "length"
@@ -162,8 +174,11 @@ class FakeEngine:
                     logprobs = None
                     if params.logprobs is not None:
                         top = tuple((f"alt{k}", -1.0 - k) for k in range(params.logprobs))
-                        logprobs = (TokenLogprob(token=word, logprob=-0.5, top=((word, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()),)
-                    choices.append(ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs))
+                        ranked = ((word, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
+                        logprobs = (TokenLogprob(token=word, logprob=-0.5, top=ranked),)
+                    choices.append(
+                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs)
+                    )
                     self._generated += 1
                     done[i] = finish is not None
                 step += 1
@@ -182,7 +197,9 @@ class FakeEngine:
             raise EngineDead("fake engine is dead")
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self.running), prompt_tokens_total=self._prompted, generation_tokens_total=self._generated)
+        return EngineStats(
+            running=len(self.running), prompt_tokens_total=self._prompted, generation_tokens_total=self._generated
+        )
 
     def kill(self) -> None:
         self.dead = True

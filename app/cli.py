@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, load_config
+from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu.yaml"
 APP_NAME = "llm"
@@ -241,6 +241,23 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
                 _say(f"stopped; {n} leftover process(es) reaped" if n else "stopped; no process left behind")
 
 
+def engine_setup_here(model: ModelConfig) -> str:
+    """What the engine of `model` would be set up with on this machine: the precision `engine.dtype` resolves
+    to and why, and on a CPU the compute and front-end cores (what the replica logs at start)."""
+    if model.engine_kind == "fake":
+        return "fake engine (no model, no precision)"
+    from app.core_plan import describe, plan_cores
+    from app.precision import resolve_cpu_precision
+
+    choice = resolve_cpu_precision(model.engine.dtype, on_gpu=model.on_gpu)
+    cores = None if model.on_gpu else plan_cores(world_size=model.engine.tensor_parallel_size)
+    line = f"engine.dtype {model.engine.dtype} -> " + describe(
+        choice, cores, None if model.on_gpu else model.engine.kv_cache_gib
+    )
+    warnings = [w for w in (choice.warning, *(cores.warnings if cores else ())) if w]
+    return line + "".join(f"\n    warning: {w}" for w in warnings)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas."
@@ -274,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config: AppConfig = load_config(args.config)
         print(f"{args.config}: valid ({len(config.models)} model(s): {', '.join(m.id for m in config.models)})")
+        for model in config.models:
+            print(f"  {model.id}: {engine_setup_here(model)}")
         return 0
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

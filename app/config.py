@@ -32,7 +32,10 @@ class EngineConfig(_Strict):
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens (prompt + completion).")
     max_num_seqs: int = Field(32, ge=1, description="Most sequences the engine schedules in one step.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Weight and activation dtype."
+        "auto",
+        description="Weight and activation dtype. `auto`: on a CPU the fastest this CPU computes in correctly "
+        "(bfloat16 where native: AVX-512 BF16, AMX, ARM BF16; float32 otherwise; see docs/precision.md), "
+        "on a GPU vLLM's own choice. An explicit dtype is honoured, with a warning where it is known to be slow.",
     )
     enforce_eager: bool = Field(
         True,

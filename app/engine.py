@@ -100,6 +100,12 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    # How the engine was set up on this machine (decided at start): the dtype it computes in and why,
+    # and on a CPU the cores its workers compute on and the cores left to the front end.
+    dtype: str = ""
+    dtype_reason: str = ""
+    compute_cores: tuple[int, ...] = ()
+    front_end_cores: tuple[int, ...] = ()
 
 
 class EngineDead(Exception):

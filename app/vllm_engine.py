@@ -23,6 +23,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from app.config import ModelConfig
+from app.core_plan import CorePlan, describe, plan_cores
 from app.cpu_affinity import keep_off_engine_cores
 from app.engine import (
     ChoiceDelta,
@@ -35,6 +36,7 @@ from app.engine import (
     TokenLogprob,
 )
 from app.model_store import resolve_source
+from app.precision import Dtype, PrecisionChoice, resolve_cpu_precision
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +73,15 @@ class _StatsRecorder(StatLoggerBase):
 _NORMAL_FINISH = {None: None, "stop": "stop", "length": "length", "repetition": "stop"}
 
 
-def _engine_args(model: ModelConfig) -> AsyncEngineArgs:
+def _engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
+    """vLLM's arguments for `model`; `dtype` is `engine.dtype` as resolved for this machine (precision.py)."""
     e = model.engine
     return AsyncEngineArgs(
         model=resolve_source(model.source),
         served_model_name=model.id,
         max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs,
-        dtype=e.dtype,
+        dtype=dtype,
         enforce_eager=e.enforce_eager,
         seed=e.seed,
         gpu_memory_utilization=e.gpu_memory_utilization,
@@ -155,20 +158,33 @@ class VLLMEngine:
         self._llm: AsyncLLM | None = None
         self._tokenizer: Any = None
         self._stats = _StatsRecorder()  # replaced by the one vLLM builds through the factory below
+        self._precision: PrecisionChoice | None = None
+        self._cores: CorePlan | None = None
 
     def start(self) -> None:
-        if not self._model.on_gpu and self._model.engine.kv_cache_gib:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self._model.engine.kv_cache_gib)
+        model = self._model
+        self._precision = resolve_cpu_precision(model.engine.dtype, on_gpu=model.on_gpu)
+        if self._precision.warning:
+            log.warning("%s", self._precision.warning)
+        if not model.on_gpu:
+            if model.engine.kv_cache_gib:
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.engine.kv_cache_gib)
+            # Planned before keep_off_engine_cores narrows this process's affinity: the EngineCore inherits it.
+            self._cores = plan_cores(world_size=model.engine.tensor_parallel_size)
+            os.environ.update(self._cores.env)
+            for warning in self._cores.warnings:
+                log.warning("%s", warning)
 
         def recorder(vllm_config: Any, engine_index: int = 0) -> _StatsRecorder:
             self._stats = _StatsRecorder(vllm_config, engine_index)
             return self._stats
 
-        self._llm = AsyncLLM.from_engine_args(_engine_args(self._model), stat_loggers=[recorder])
-        if not self._model.on_gpu:
+        self._llm = AsyncLLM.from_engine_args(_engine_args(model, self._precision.dtype), stat_loggers=[recorder])
+        if not model.on_gpu:
             keep_off_engine_cores()
         self._tokenizer = self._llm.get_tokenizer()
-        log.info("engine for %s ready: KV cache holds %d tokens", self._model.id, self.kv_cache_tokens)
+        gib = model.engine.kv_cache_gib if not model.on_gpu else None
+        log.info("engine for %s ready: %s", model.id, describe(self._precision, self._cores, gib, self.kv_cache_tokens))
 
     @property
     def llm(self) -> AsyncLLM:
@@ -242,6 +258,10 @@ class VLLMEngine:
             prompt_tokens_total=s.prompt_tokens_total,
             generation_tokens_total=s.generation_tokens_total,
             extra={"scheduler_running": float(s.running)},
+            dtype=self._precision.dtype if self._precision else "",
+            dtype_reason=self._precision.reason if self._precision else "",
+            compute_cores=self._cores.compute_cores if self._cores else (),
+            front_end_cores=self._cores.front_end_cores if self._cores else (),
         )
 
     def shutdown(self) -> None:

@@ -17,6 +17,7 @@ import psutil
 import yaml
 
 from loadkit.overload.phases import log
+from loadkit.precision import precision_label, resolved_dtype
 from loadkit.proctree import ProcessTree
 from loadkit.service import ProcessGroup, StopReport, child_env, free_port, wait_until
 
@@ -100,7 +101,9 @@ class OwnService:
 
     @property
     def precision(self) -> str:
-        return str(self.config["models"][0].get("engine", {}).get("dtype", "the service's default"))
+        """The configured dtype, and (for `auto`) what the engine's start-up log line said it became."""
+        asked = str(self.config["models"][0].get("engine", {}).get("dtype", "the service's default"))
+        return precision_label(asked, resolved_dtype(self.log_text()))
 
     def start(self) -> bool:
         """Starts the service; True once /health answers 200."""

@@ -132,7 +132,9 @@ def setup_lines(facts: RunFacts, cap: Capacity, result: OverloadResult) -> list[
         f"- Machine: {m.system} {m.kernel} ({m.arch}); {m.cpu_text}; {m.memory_gib:.1f} GiB RAM; Python {m.python}; "
         f"vLLM {facts.vllm}; commit {facts.commit.text}",
         f"- Service: {facts.mode}",
-        f"- Precision: engine dtype {facts.precision}",
+        f"- Precision: engine dtype {facts.precision}; "
+        + ("bfloat16 runs natively on this CPU" if m.cpu.native_bf16 else
+           "this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16): torch emulates it"),
         f"- Capacity: max_ongoing_requests {cap.max_ongoing}, max_queued_requests {cap.max_queued}, queue_timeout_s "
         f"{cap.queue_timeout_s:g}, request_timeout_s {cap.request_timeout_s:g}, refusal status "
         f"{cap.refusal_status or 'from the error code'}",

@@ -9,6 +9,10 @@ import httpx
 import openai
 import pytest
 
+from loadkit.overload.client import one_request
+from loadkit.overload.mix import PromptMaker, Spec
+from loadkit.overload.stats_poll import get_stats, wait_idle
+from loadkit.proctree import ProcessTree
 from tests.integration.conftest import MAX_ONGOING, MAX_QUEUED, MODEL
 
 pytestmark = pytest.mark.integration
@@ -60,12 +64,40 @@ async def test_full_queue_refuses_at_once_with_retry_after(service, async_client
     assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0, idle
 
 
+async def test_the_overload_drivers_client_and_process_tree_read_the_real_service(service):
+    """loadkit's overload pieces against the real stack: its client classifies a refusal as the driver counts it,
+    its /stats reader sees the full queue, and its process tree finds the engine."""
+    capacity = MAX_ONGOING + MAX_QUEUED
+    release = asyncio.Event()
+    async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=120) as client:
+        prompts = PromptMaker()
+        await prompts.calibrate(client, MODEL)
+        assert prompts.base > 0 and prompts.per_word > 0
+        holders = [asyncio.create_task(_hold_stream(client, asyncio.Event(), release)) for _ in range(capacity)]
+        deadline = time.monotonic() + 60
+        while (await get_stats(client, MODEL)).in_system < capacity:
+            assert time.monotonic() < deadline, "the service never held the full capacity"
+            await asyncio.sleep(0.2)
+        refused = await one_request(client, MODEL, prompts, Spec(0, 60, 8, False, False, 0, 0), hung_after_s=60)
+        streamed = await one_request(client, MODEL, prompts, Spec(1, 60, 8, True, False, 0, 0), hung_after_s=60)
+        release.set()
+        await asyncio.gather(*holders)
+        idle = await wait_idle(client, MODEL, timeout_s=30)
+    assert refused.outcome == "refused" and refused.code == "queue_full" and refused.retry_after >= 1, refused
+    assert streamed.outcome == "refused", streamed  # refused before the stream starts: a status, not an SSE event
+    assert idle.reached, idle
+    tree = ProcessTree(service.proc.pid)
+    assert tree.engine_pids(), tree.alive()
+    assert tree.rss().total > 2**30
+
+
 def test_service_answers_normally_after_overload(service, client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                       temperature=0, max_tokens=20)
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=20,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in r.choices[0].message.content
     stats = service.wait_idle()
     assert stats["admission"]["in_system"] == 0
     metrics = httpx.get(f"{service.base_url}/metrics").text
-    refused = [line for line in metrics.splitlines() if line.startswith("app_refusals_total") and 'reason="queue_full"' in line]
+    refused = [line for line in metrics.splitlines()
+               if line.startswith("app_refusals_total") and 'reason="queue_full"' in line]
     assert refused and sum(float(line.rsplit(" ", 1)[1]) for line in refused) >= 2  # the refusals above were counted

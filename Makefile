@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve test test-unit test-integration bench overload fuzz clean
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench overload fuzz clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,11 @@ $(STAMP): pyproject.toml
 
 serve: setup
 	$(PY) -m app serve --config $(CONFIG)
+
+# ruff over everything Python in the project; mypy over the service's own package (pyproject.toml has both configs).
+lint: setup
+	$(VENV)/bin/ruff check app loadkit scripts benchmarks tests
+	$(VENV)/bin/mypy
 
 test: setup
 	$(PY) -m pytest -q tests

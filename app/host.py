@@ -42,7 +42,8 @@ from app.errors import (
 )
 from app.logs import configure_logging
 
-log = logging.getLogger(__name__)
+# The logger of the one line per engine request; its name predates this module's and log queries rely on it.
+log = logging.getLogger("app.server")
 _T = TypeVar("_T")
 
 

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support import sse
 from tests.integration.conftest import MODEL
+from tests.support import sse
 
 pytestmark = pytest.mark.integration
 

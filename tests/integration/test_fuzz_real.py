@@ -3,16 +3,15 @@
 1. schemathesis, from the service's own /openapi.json: the generation and token endpoints and
    the model list, schema-valid and schema-violating requests, generation kept short (max_tokens
    capped at 8, no streams). No 5xx, the documented content type, OpenAI-shaped 4xx.
-2. The hand-written hostile list of tests/unit/test_hostile_inputs.py, once each.
-3. Afterwards the engines are idle (nothing running, nothing admitted), /health is 200 and a
-   normal chat request answers.
+2. The hand-written hostile list (tests/support/hostile.py), once each.
 
-Sorts before test_zy_faults.py and test_zz_shutdown.py: it needs healthy engines, and leaves them so.
+After each of them the engines are idle (nothing running, nothing admitted), /health is 200 and a
+normal chat request answers. The tests that break or stop a stack (test_faults.py, test_shutdown.py)
+start their own, so these need no place in the order.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 
@@ -26,8 +25,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance
 
 from tests.integration.conftest import MODEL
-from tests.unit.test_fuzz_schema import declared_fields
-from tests.unit.test_hostile_inputs import ERROR_KEYS, body_chunks, check_outcome, hostile_cases, stream_is_clean
+from tests.support.error_shape import assert_error_shape
+from tests.support.fuzzing import declared_fields, say
+from tests.support.hostile import body_chunks, check_outcome, hostile_cases, stream_is_clean
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +46,7 @@ def openai_error_shape(ctx, response, case) -> None:
     status = response.status_code
     assert status != 422, f"422 (FastAPI's own shape) instead of a 400: {response.text[:300]}"
     if 400 <= status < 500:
-        body = json.loads(response.content)
-        assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
-        assert isinstance(body["error"]["message"], str) and body["error"]["message"], body
+        assert_error_shape(status, response.headers.get("content-type", ""), response.content)
 
 
 CHECKS = [not_a_server_error, content_type_conformance, openai_error_shape]
@@ -68,7 +66,8 @@ def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:
     if case.path in ("/v1/chat/completions", "/v1/completions"):
         for name in ("max_tokens", "max_completion_tokens"):
             value = case.body.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_FUZZ_TOKENS:  # 1e11 is an int too
+            # 1e11 is an int too
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_FUZZ_TOKENS:
                 case.body[name] = MAX_FUZZ_TOKENS
         if "max_completion_tokens" not in case.body:
             case.body.setdefault("max_tokens", MAX_FUZZ_TOKENS)
@@ -77,15 +76,34 @@ def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:
         case.body.pop("ignore_eos", None)
 
 
-def _say(request, line: str) -> None:
-    """Straight to the terminal, past output capture: the case counts belong in every run's output."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        print(line)
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line(line)
+def assert_idle_and_answering(service) -> None:
+    """After a run of cases: nothing running or admitted, healthy, and a normal chat request answers."""
+    stats = service.wait_idle()
+    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
+    assert stats["healthy"], stats
+    with httpx.Client(base_url=service.base_url, headers=service.headers, timeout=REQUEST_TIMEOUT_S) as http:
+        health = http.get("/health")
+        assert health.status_code == 200, health.text
+        r = http.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+
+
+def _fuzz(service, session, operation, mode: GenerationMode, examples: int, declared: dict[str, set[str]],
+          seen: Counter) -> None:
+    """`examples` cases of `operation` in `mode`, each checked; their statuses counted in `seen`."""
+
+    @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), print_blob=True)
+    @given(case=operation.as_strategy(mode))
+    def fuzz(case):
+        _keep_it_short(case, mode is GenerationMode.POSITIVE, declared)
+        response = case.call(base_url=service.base_url, session=session, timeout=REQUEST_TIMEOUT_S)
+        seen[response.status_code] += 1
+        case.validate_response(response, checks=CHECKS)
+
+    fuzz()
 
 
 def test_schema_fuzz_real_stack(service, request):
@@ -101,23 +119,13 @@ def test_schema_fuzz_real_stack(service, request):
             if not examples:
                 continue
             seen = tally.setdefault(f"{method} {path} {mode.value}", Counter())
-
-            @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck), print_blob=True)
-            @given(case=operation.as_strategy(mode))
-            def fuzz(case):
-                _keep_it_short(case, mode is GenerationMode.POSITIVE, declared)
-                response = case.call(base_url=service.base_url, session=session, timeout=REQUEST_TIMEOUT_S)
-                seen[response.status_code] += 1
-                case.validate_response(response, checks=CHECKS)
-
-            fuzz()
+            _fuzz(service, session, operation, mode, examples, declared, seen)
     total = sum(sum(c.values()) for c in tally.values())
-    _say(request, f"real-stack schema fuzz: {total} cases in {time.monotonic() - started:.1f} s")
-    for label, statuses in tally.items():
-        _say(request, f"  {label:40s} {dict(sorted(statuses.items()))}")
+    say(request, f"real-stack schema fuzz: {total} cases in {time.monotonic() - started:.1f} s",
+        *(f"  {label:40s} {dict(sorted(statuses.items()))}" for label, statuses in tally.items()))
     assert 0 < total <= 60
     assert any(200 in c for c in tally.values()) and any(400 in c for c in tally.values()), tally
+    assert_idle_and_answering(service)
 
 
 def test_hostile_list_real_stack(service, request):
@@ -143,17 +151,7 @@ def test_hostile_list_real_stack(service, request):
                 stream_is_clean(case, response.headers.get("content-type", ""), response.text)
             except AssertionError as err:
                 failures.append(str(err).splitlines()[0])
-    _say(request, f"real-stack hostile list: {len(cases)} cases in {time.monotonic() - started:.1f} s, statuses {dict(outcomes)}")
+    say(request, f"real-stack hostile list: {len(cases)} cases in {time.monotonic() - started:.1f} s, "
+                 f"statuses {dict(outcomes)}")
     assert not failures, "\n".join(failures)
-
-
-def test_engines_idle_and_healthy_after_fuzzing(service, http):
-    stats = service.wait_idle()
-    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
-    assert stats["healthy"], stats
-    health = http.get("/health")
-    assert health.status_code == 200, health.text
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}],
-                                                "max_tokens": 8, "temperature": 0})
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"]
+    assert_idle_and_answering(service)

@@ -8,7 +8,15 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.integration.conftest import API_KEY, MODEL, SECOND_MODEL, base_config, free_port, running_stack, with_second_model
+from tests.integration.conftest import (
+    API_KEY,
+    MODEL,
+    SECOND_MODEL,
+    base_config,
+    free_port,
+    running_stack,
+    with_second_model,
+)
 
 pytestmark = pytest.mark.integration
 

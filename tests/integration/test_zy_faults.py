@@ -11,9 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.support import sse
 from app.builder import engine_deployment_name
 from tests.integration.conftest import MODEL
+from tests.support import sse
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from tests.support import sse
 from tests.integration.conftest import MODEL, service_processes
+from tests.support import sse
 
 pytestmark = pytest.mark.integration
 

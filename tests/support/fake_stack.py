@@ -1,13 +1,13 @@
-"""Helpers shared by the unit tests (imported by conftest.py and the test modules).
+"""The in-process stack of the unit tests: configs, requests and an app over a `FakeEngine`.
 
 No vLLM and no Ray here: `EngineHost` runs in-process around a `FakeEngine`, and
-the FastAPI app is driven through httpx's ASGI transport.
+the FastAPI app is driven through httpx's ASGI transport. tests/unit/conftest.py builds
+its fixtures from these; test modules import them as `from tests.support.fake_stack import ...`.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,11 +15,10 @@ from typing import Any
 import httpx
 
 from app.config import AppConfig, parse_config
-from app.engine import GenerationParams
+from app.engine import GenerateRequest, GenerationParams, PromptInput
 from app.fake_engine import FakeEngine
-from app.ingress import create_app
-from app.engine import GenerateRequest, PromptInput
 from app.host import EngineHost
+from app.ingress import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_ID = "fake-model"

@@ -1,8 +1,8 @@
-"""Shared fixtures for the unit tests; the helpers behind them live in unit_support.py."""
+"""Shared fixtures for the unit tests; the helpers behind them live in tests/support/fake_stack.py."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from app.config import AppConfig, ModelConfig, ServiceConfig
 from app.fake_engine import FakeEngine
 from app.host import EngineHost
-from unit_support import MAX_MODEL_LEN, Stack, make_config
+from tests.support.fake_stack import MAX_MODEL_LEN, Stack, make_config
 
 
 @pytest.fixture

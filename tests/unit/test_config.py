@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from app.config import API_KEYS_ENV, AppConfig, ConfigError, load_config, parse_config
-from unit_support import REPO_ROOT, config_dict
+from tests.support.fake_stack import REPO_ROOT, config_dict
 
 
 def test_cpu_yaml_loads():

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.unit.unit_support import REPO_ROOT
+from tests.support.fake_stack import REPO_ROOT
 
 REPLICA = r"""
 import ctypes, json, os, subprocess, sys, time

@@ -7,8 +7,18 @@ import pickle
 import pytest
 
 from app import errors
-from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, QueueTimeout,
-                        RequestTimeout, ServiceError, ServiceUnavailable, Unauthorized, UnsupportedParameter)
+from app.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    QueueFull,
+    QueueFullUnavailable,
+    QueueTimeout,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+    Unauthorized,
+    UnsupportedParameter,
+)
 
 
 def test_body_shape_exact():

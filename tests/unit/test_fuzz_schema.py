@@ -32,11 +32,12 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import content_type_conformance
 
 from app.fake_engine import FakeEngine
-from app.ingress import create_app
 from app.host import EngineHost
-from tests.unit.unit_support import MAX_MODEL_LEN, MODEL_ID, make_config
+from app.ingress import create_app
+from tests.support.error_shape import assert_error_shape
+from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, make_config
+from tests.support.fuzzing import declared_fields, say
 
-ERROR_KEYS = {"message", "type", "param", "code"}
 # Examples per operation and generation mode: the whole module stays well under a minute.
 BODY_EXAMPLES = 150  # the four POST operations, positive and negative each
 LOOKUP_EXAMPLES = 50  # GET /v1/models/{model_id}
@@ -91,25 +92,31 @@ def fuzzed(request):
 
 
 def _report(request, elapsed: float) -> None:
-    lines = [f"fuzz summary ({elapsed:.1f} s):"]
+    lines = ["", f"fuzz summary ({elapsed:.1f} s):"]
     total = 0
     for (label, mode), statuses in TALLY.items():
         n = sum(statuses.values())
         total += n
         lines.append(f"  {label:36s} {mode:10s} {n:5d} cases  statuses {dict(sorted(statuses.items()))}")
     lines.append(f"  total {total} generated cases")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None:
-        print("\n".join(lines))
-        return
-    with capture.global_and_fixture_disabled():  # past output capture: the counts belong in every run's output
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
+    say(request, *lines)
 
 
 # -- checks ------------------------------------------------------------------------------
+
+def assert_still_healthy(fuzzed: Fuzzed) -> None:
+    """After a run of cases: healthy, nothing left in the engine or the admission queue, and a normal
+    request answers (each fuzz test ends with it, so it holds whatever order the tests run in)."""
+    health = fuzzed.client.get("/health")
+    assert health.status_code == 200, health.text
+    stats = fuzzed.client.get("/stats").json()[MODEL_ID]
+    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
+    assert not fuzzed.engine.running
+    normal = fuzzed.client.post("/v1/chat/completions",
+                                json={"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}]})
+    assert normal.status_code == 200, normal.text
+    assert normal.json()["choices"][0]["message"]["content"]
+
 
 def openai_error_shape(ctx, response, case) -> None:
     """Every 4xx is {"error": {"message", "type", "param", "code"}} and nothing else; 422 never."""
@@ -120,21 +127,6 @@ def openai_error_shape(ctx, response, case) -> None:
         return None
     assert_error_shape(status, response.headers.get("content-type", ""), response.content)
     return None
-
-
-def assert_error_shape(status: int, content_type: Any, raw: bytes) -> dict:
-    if isinstance(content_type, list):  # schemathesis' Response keeps every header value
-        content_type = content_type[0] if content_type else ""
-    assert str(content_type).startswith("application/json"), f"{status} error is {content_type!r}, not JSON"
-    body = json.loads(raw)
-    assert isinstance(body, dict) and set(body) == {"error"}, f"{status} body is not OpenAI-shaped: {body!r:.300}"
-    error = body["error"]
-    assert isinstance(error, dict) and set(error) == ERROR_KEYS, f"{status} error has keys {sorted(error)}"
-    assert isinstance(error["message"], str) and error["message"], error
-    assert isinstance(error["type"], str) and error["type"], error
-    assert error["param"] is None or isinstance(error["param"], str), error
-    assert error["code"] is None or isinstance(error["code"], str), error
-    return error
 
 
 CHECKS = [not_a_server_error, content_type_conformance, openai_error_shape]
@@ -159,16 +151,6 @@ def _aim(case, aim: str, declared: dict[str, set[str]]) -> None:
         case.path_parameters["model_id"] = MODEL_ID
 
 
-def declared_fields(openapi: dict) -> dict[str, set[str]]:
-    """path -> the properties its JSON request body declares."""
-    out = {}
-    for path, methods in openapi["paths"].items():
-        ref = methods.get("post", {}).get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref")
-        if ref:
-            out[path] = set(openapi["components"]["schemas"][ref.rsplit("/", 1)[1]].get("properties", {}))
-    return out
-
-
 # -- schemathesis: every operation, positive and negative --------------------------------
 
 # Negative cases only where there is something to violate: a JSON body (a path segment is any string).
@@ -191,6 +173,7 @@ def test_schema_fuzz(fuzzed: Fuzzed, method: str, path: str, examples: int, mode
 
     fuzz()
     assert sum(tally.values()) >= 1
+    assert_still_healthy(fuzzed)
 
 
 # -- hypothesis: chat bodies from arbitrary JSON values ---------------------------------
@@ -300,14 +283,4 @@ def test_chat_bodies_from_arbitrary_json(fuzzed: Fuzzed):
     fuzz()
     assert sum(tally.values()) >= CHAT_BODY_EXAMPLES // 2
     assert tally[200] > 0 and tally[400] > 0, tally  # both sides of validation were reached
-
-
-def test_still_healthy_after_fuzzing(fuzzed: Fuzzed):
-    health = fuzzed.client.get("/health")
-    assert health.status_code == 200, health.text
-    stats = fuzzed.client.get("/stats").json()[MODEL_ID]
-    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
-    assert not fuzzed.engine.running
-    normal = fuzzed.client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}]})
-    assert normal.status_code == 200, normal.text
-    assert normal.json()["choices"][0]["message"]["content"]
+    assert_still_healthy(fuzzed)

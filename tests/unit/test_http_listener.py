@@ -12,7 +12,7 @@ from app.builder import build_from_config, one_http_replica
 from app.config import ConfigError
 from app.fake_engine import FakeEngine
 from app.http_listener import CannotListen, HttpListener, bind_socket
-from tests.unit.unit_support import Stack, chat_body, make_config
+from tests.support.fake_stack import Stack, chat_body, make_config
 
 
 def _free_port() -> int:
@@ -132,7 +132,7 @@ async def test_the_refusal_probe_sees_a_full_service_refuse_at_once():
     slot is taken and whose queue has no room."""
     import importlib.util
 
-    from tests.unit.unit_support import REPO_ROOT
+    from tests.support.fake_stack import REPO_ROOT
 
     spec = importlib.util.spec_from_file_location("refusal_probe", REPO_ROOT / "scripts" / "refusal_probe.py")
     refusal_probe = importlib.util.module_from_spec(spec)

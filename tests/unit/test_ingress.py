@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from tests.support import sse
 from app.config import API_KEYS_ENV
 from app.fake_engine import ANSWER, FakeEngine
-from unit_support import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
+from tests.support import sse
+from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 

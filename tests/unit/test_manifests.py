@@ -42,7 +42,14 @@ from ray.serve._private.build_app import build_app as serve_build_app
 from ray.serve._private.config import DeploymentConfig
 from ray.serve.schema import ServeDeploySchema
 
-from app.builder import INGRESS_NAME, build_from_config, colocated, config_from_args, engine_deployment_name, ingress_deployment_name
+from app.builder import (
+    INGRESS_NAME,
+    build_from_config,
+    colocated,
+    config_from_args,
+    engine_deployment_name,
+    ingress_deployment_name,
+)
 from app.config import AppConfig, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]

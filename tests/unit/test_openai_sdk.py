@@ -8,7 +8,7 @@ import pytest
 
 from app.config import API_KEYS_ENV
 from app.fake_engine import ANSWER
-from unit_support import MODEL_ID, make_config
+from tests.support.fake_stack import MODEL_ID, make_config
 
 MESSAGES = [{"role": "user", "content": "Hello"}]
 

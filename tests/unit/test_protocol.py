@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import LimitsConfig
-from app.errors import InvalidRequest, UnsupportedParameter
 from app.engine import PromptInput
+from app.errors import InvalidRequest, UnsupportedParameter
 from app.protocol import ChatCompletionRequest, CompletionRequest
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20, max_n=3, max_stop_sequences=2,

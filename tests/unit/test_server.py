@@ -8,13 +8,18 @@ import re
 import pytest
 
 from app.config import ServiceConfig
-from app.engine import GenerationDelta
-from app.errors import (ContextLengthExceeded, InvalidRequest, QueueFull, QueueFullUnavailable, RequestTimeout,
-                        ServiceUnavailable)
+from app.engine import Admitted, GenerationDelta, PromptInput
+from app.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    QueueFull,
+    QueueFullUnavailable,
+    RequestTimeout,
+    ServiceUnavailable,
+)
 from app.fake_engine import ANSWER, FakeEngine
-from app.engine import Admitted, PromptInput
 from app.host import EngineHost
-from unit_support import DEFAULT_MAX_TOKENS, MAX_MODEL_LEN, make_config, make_request
+from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_MODEL_LEN, make_config, make_request
 
 
 async def collect(host: EngineHost, request) -> tuple[Admitted, list[GenerationDelta]]:

@@ -25,7 +25,7 @@ def test_event_is_compact_and_single_line():
 
 def test_event_keeps_non_ascii():
     out = sse.event({"content": "héllo 世界 🙂"})
-    assert out == 'data: {"content":"héllo 世界 🙂"}\n\n'.encode("utf-8")
+    assert out == 'data: {"content":"héllo 世界 🙂"}\n\n'.encode()
     assert b"\\u" not in out
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from app.errors import ServiceUnavailable
 from app.fake_engine import FakeEngine
-from app.ingress import create_app
 from app.host import EngineHost
-from tests.unit.unit_support import MODEL_ID, chat_body, make_config, make_request
+from app.ingress import create_app
+from tests.support.fake_stack import MODEL_ID, chat_body, make_config, make_request
 
 
 class SlowStartEngine(FakeEngine):

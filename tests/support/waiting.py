@@ -1,0 +1,42 @@
+"""Waiting for a condition, with a deadline: what tests do instead of sleeping a fixed time.
+
+Where the thing waited for can signal (the fake engine: `FakeEngine.wait_running`, `wait_aborted`,
+`wait_started`), wait on that. These two poll a condition for state that cannot signal: the
+admission queue, the ingress' counters, the real stack over HTTP. They return as soon as the
+condition holds and fail, naming what was awaited, once the deadline has passed; the poll interval
+only bounds how late they notice, never what a test asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def until(condition: Callable[[], T], timeout_s: float = 5.0, what: str = "", interval_s: float = 0.002) -> T:
+    """Await until `condition()` is truthy (in this event loop); return its value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise TimeoutError(f"not {what or 'true'} within {timeout_s} s")
+        await asyncio.sleep(interval_s)  # a poll interval: lets the awaited tasks run
+
+
+def wait_until(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "", interval_s: float = 0.2) -> T:
+    """Block until `condition()` is truthy; return its value. Exceptions from `condition` propagate."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what or 'true'} within {timeout_s} s")
+        time.sleep(interval_s)  # a poll interval, not a wait for something

@@ -10,19 +10,23 @@ only bounds how late they notice, never what a test asserts.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
-async def until(condition: Callable[[], T], timeout_s: float = 5.0, what: str = "", interval_s: float = 0.002) -> T:
-    """Await until `condition()` is truthy (in this event loop); return its value."""
+async def until(condition: Callable[[], T | Awaitable[T]], timeout_s: float = 5.0, what: str = "",
+                interval_s: float = 0.002) -> T:
+    """Await until `condition()` (a plain or an async function) is truthy; return its value."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if loop.time() > deadline:

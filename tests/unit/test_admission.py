@@ -8,6 +8,7 @@ import pytest
 
 from app.admission import Admission
 from app.errors import QueueFull, QueueFullUnavailable, QueueTimeout, ServiceUnavailable
+from tests.support.waiting import until
 
 
 def make(max_running=1, max_queued=4, token_budget=1000, queue_timeout_s=5.0, **kw) -> Admission:
@@ -15,9 +16,9 @@ def make(max_running=1, max_queued=4, token_budget=1000, queue_timeout_s=5.0, **
                      queue_timeout_s=queue_timeout_s, **kw)
 
 
-async def settle(n: int = 5) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
+async def queued(adm: Admission, waiting: int) -> None:
+    """Until `waiting` tickets wait in the queue: their tasks have run into `admit` and block there."""
+    await until(lambda: adm.stats().waiting == waiting, what=f"{waiting} ticket(s) waiting")
 
 
 async def admitted(adm: Admission, tokens: int = 1):
@@ -41,9 +42,9 @@ async def test_fifo_order():
     first = await admitted(adm)
     order: list[str] = []
     waiters = [waiter(adm, 1, order, name) for name in "abcd"]
-    await settle()
-    assert adm.stats().waiting == 4 and order == []
-    for expected, (ticket, task) in zip("abcd", waiters):
+    await queued(adm, 4)
+    assert order == []
+    for expected, (ticket, task) in zip("abcd", waiters, strict=True):
         first.release()
         await task
         assert order[-1] == expected
@@ -59,8 +60,8 @@ async def test_small_request_does_not_jump_the_queue():
     order: list[str] = []
     big, big_task = waiter(adm, 50, order, "big")
     small, small_task = waiter(adm, 10, order, "small")  # would fit now, but "big" is ahead of it
-    await settle()
-    assert order == [] and adm.stats().waiting == 2
+    await queued(adm, 2)
+    assert order == []
     big_running.release()
     await asyncio.gather(big_task, small_task)
     assert order == ["big", "small"]
@@ -127,8 +128,8 @@ async def test_token_budget_waits_until_tokens_freed():
     a = await admitted(adm, 70)
     order: list[str] = []
     b, b_task = waiter(adm, 50, order, "b")
-    await settle()
-    assert order == [] and adm.stats().tokens_in_use == 70 and adm.stats().waiting == 1
+    await queued(adm, 1)
+    assert order == [] and adm.stats().tokens_in_use == 70
     a.release()
     await b_task
     assert order == ["b"] and adm.stats().tokens_in_use == 50
@@ -142,13 +143,13 @@ async def test_request_larger_than_budget_runs_alone():
     assert adm.stats().running == 1
     order: list[str] = []
     small, small_task = waiter(adm, 1, order, "small")
-    await settle()
+    await queued(adm, 1)
     assert order == []  # nothing joins a request that is over the budget
     huge_alone.release()
     await small_task
     assert order == ["small"]
     huge, huge_task = waiter(adm, 500, order, "huge")
-    await settle()
+    await queued(adm, 1)
     assert order == ["small"]  # waits until it can run alone
     small.release()
     await huge_task
@@ -176,7 +177,7 @@ async def test_cancelled_waiter_leaks_nothing():
     order: list[str] = []
     cancelled, cancelled_task = waiter(adm, 5, order, "cancelled")
     nxt, nxt_task = waiter(adm, 5, order, "next")
-    await settle()
+    await queued(adm, 2)
     cancelled_task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled_task
@@ -195,7 +196,7 @@ async def test_cancel_after_admission_then_release():
     running = await admitted(adm)
     ticket = adm.reserve()
     task = asyncio.create_task(ticket.admit(3, 5))
-    await settle()
+    await queued(adm, 1)
     running.release()  # admits the waiter; cancel it before it resumes
     assert adm.stats().running == 1
     task.cancel()
@@ -226,7 +227,7 @@ async def test_stats_peak_waiting():
     running = await admitted(adm)
     order: list[str] = []
     ws = [waiter(adm, 1, order, str(i)) for i in range(3)]
-    await settle()
+    await queued(adm, 3)
     assert adm.stats().peak_waiting == 3
     for ticket, task in [(running, None), *ws]:
         if task is not None:

@@ -14,20 +14,22 @@ import pytest
 from tests.support.fake_stack import REPO_ROOT
 
 REPLICA = r"""
-import ctypes, json, os, subprocess, sys, time
+import json, os, subprocess, sys
 import psutil
 from app.cpu_affinity import keep_off_engine_cores
 
 compute = int(sys.argv[1])
+# A stand-in names itself and binds itself, says so on stdout, and then only stays alive until killed.
 named = ("import ctypes, os, sys, time; ctypes.CDLL('libc.so.6').prctl(15, sys.argv[1].encode(), 0, 0, 0); "
-         "os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(',')}); time.sleep(30)")
+         "os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(',')}); print('ready', flush=True); "
+         "time.sleep(60)")
 everything = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-worker = subprocess.Popen([sys.executable, "-c", named, "VLLM::Worker", str(compute)])
-core = subprocess.Popen([sys.executable, "-c", named, "VLLM::EngineCo", everything])
-deadline = time.time() + 10
-while time.time() < deadline and psutil.Process(worker.pid).name() != "VLLM::Worker":
-    time.sleep(0.05)
-time.sleep(0.3)  # let both children apply their names and affinity
+worker = subprocess.Popen([sys.executable, "-c", named, "VLLM::Worker", str(compute)],
+                          stdout=subprocess.PIPE, text=True)
+core = subprocess.Popen([sys.executable, "-c", named, "VLLM::EngineCo", everything],
+                        stdout=subprocess.PIPE, text=True)
+for child in (worker, core):  # both have applied their names and affinity
+    assert child.stdout.readline().strip() == "ready"
 front = keep_off_engine_cores()
 print(json.dumps({"front": sorted(front), "me": sorted(os.sched_getaffinity(0)),
                   "core": sorted(psutil.Process(core.pid).cpu_affinity()),
@@ -38,7 +40,8 @@ for p in (worker, core):
 
 
 def _run(compute: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", REPLICA, str(compute)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", REPLICA, str(compute)], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -12,6 +12,7 @@ from app.builder import build_from_config, one_http_replica
 from app.config import ConfigError
 from app.fake_engine import FakeEngine
 from app.http_listener import CannotListen, HttpListener, bind_socket
+from loadkit.probe import probe
 from tests.support.fake_stack import Stack, chat_body, make_config
 
 
@@ -36,10 +37,7 @@ async def served():
 
 
 async def _assert_aborted_once(stack) -> None:
-    for _ in range(100):  # the server notices a closed socket on its next write or receive
-        if stack.engine.aborted and not stack.engine.running:
-            break
-        await asyncio.sleep(0.05)
+    await stack.engine.wait_aborted(count=1)  # the server notices a closed socket on its next write or receive
     assert len(stack.engine.aborted) == 1 and not stack.engine.running
     assert stack.host.admission.stats().in_system == 0
 
@@ -87,9 +85,9 @@ async def test_a_replica_being_stopped_refuses_new_connections_and_finishes_open
     """Serve calls the replica's `__del__` (→ `stop_accepting`) when it stops it; a replacement may share the port."""
     stack, base, listener = served
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
-        in_flight = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=10, ignore_eos=True)))
-        while not stack.engine.running:
-            await asyncio.sleep(0.01)
+        in_flight = asyncio.create_task(client.post("/v1/chat/completions",
+                                                    json=chat_body(max_tokens=10, ignore_eos=True)))
+        await stack.engine.wait_running(1)
         listener.stop_accepting()
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient(base_url=base, timeout=2) as fresh:
@@ -128,16 +126,8 @@ def test_only_a_single_http_replica_may_own_the_port():
 
 
 async def test_the_refusal_probe_sees_a_full_service_refuse_at_once():
-    """scripts/refusal_probe.py, which scripts/overload.py runs beside its load, against a listener whose one
-    slot is taken and whose queue has no room."""
-    import importlib.util
-
-    from tests.support.fake_stack import REPO_ROOT
-
-    spec = importlib.util.spec_from_file_location("refusal_probe", REPO_ROOT / "scripts" / "refusal_probe.py")
-    refusal_probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(refusal_probe)
-
+    """loadkit's refusal probe (scripts/refusal_probe.py; scripts/overload.py runs it beside its load), against a
+    listener whose one slot is taken and whose queue has no room."""
     stack = Stack(make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0}),
                   FakeEngine(max_model_len=256, token_delay_s=0.05))
     port = _free_port()
@@ -146,10 +136,11 @@ async def test_the_refusal_probe_sees_a_full_service_refuse_at_once():
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-            busy = asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=60, ignore_eos=True)))
-            while not stack.engine.running:
-                await asyncio.sleep(0.01)
-            seen = await asyncio.to_thread(refusal_probe.probe, base, stack.config.models[0].id, None, 0.5, 0.02, 10)
+            busy = asyncio.create_task(client.post("/v1/chat/completions",
+                                                   json=chat_body(max_tokens=60, ignore_eos=True)))
+            await stack.engine.wait_running(1)
+            # probe for 0.5 s, a request every 20 ms: the busy request holds its slot for 60 tokens of 50 ms
+            seen = await asyncio.to_thread(probe, base, stack.config.models[0].id, None, 0.5, 0.02, 10)
             assert (await busy).status_code == 200
     finally:
         await listener.stop()

@@ -13,9 +13,12 @@ from app.fake_engine import FakeEngine
 from app.host import EngineHost
 from app.ingress import create_app
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config, make_request
+from tests.support.waiting import until
 
 
 class SlowStartEngine(FakeEngine):
+    """Its `start()` (run by the host in a background thread) blocks until `release` is set."""
+
     def __init__(self, fail: bool = False):
         super().__init__(max_model_len=256, kv_cache_tokens=5000)
         self.release = threading.Event()
@@ -28,14 +31,21 @@ class SlowStartEngine(FakeEngine):
         super().start()
 
 
-async def _wait_ready(host: EngineHost) -> None:
-    import asyncio
+async def _ready(host: EngineHost) -> bool:
+    """Readiness as the replica's /health sees it (public: `check_ready`)."""
+    try:
+        await host.check_ready()
+    except ServiceUnavailable:
+        return False
+    return True
 
-    for _ in range(200):
-        if host._ready.is_set():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("never became ready")
+
+async def _fails_liveness(host: EngineHost) -> bool:
+    try:
+        await host.check_health()
+    except RuntimeError:
+        return True
+    return False
 
 
 async def test_starting_replica_refuses_with_503_then_serves():
@@ -53,9 +63,11 @@ async def test_starting_replica_refuses_with_503_then_serves():
         assert r.status_code == 503 and "starting" in r.json()["error"]["message"]
         assert int(r.headers["retry-after"]) >= 1
         assert (await host.stats()).ready is False
+        assert not engine.started_event.is_set()
 
         engine.release.set()
-        await _wait_ready(host)
+        await engine.wait_started()
+        await until(lambda: _ready(host), what="the host ready after its engine started")
         assert host.admission.token_budget == 5000  # taken from the engine's KV cache once it is known
         assert (await client.get("/health")).status_code == 200
         assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
@@ -64,19 +76,16 @@ async def test_starting_replica_refuses_with_503_then_serves():
 async def test_failed_start_fails_liveness_so_serve_replaces_the_replica():
     config = make_config()
     engine = SlowStartEngine(fail=True)
-    engine.release.set()
     host = EngineHost(config.models[0], engine, config.service, start_in_background=True)
-    import asyncio
-
-    for _ in range(200):
-        if host._start_error:
-            break
-        await asyncio.sleep(0.01)
+    await host.check_health()  # still loading: alive
+    engine.release.set()
+    await until(lambda: _fails_liveness(host), what="liveness failing after the failed start")
     with pytest.raises(RuntimeError, match="weights missing"):
         await host.check_health()
-    with pytest.raises(ServiceUnavailable):
+    with pytest.raises(ServiceUnavailable, match="weights missing"):
         async for _ in host.generate(make_request("hi")):
             pass
+    assert not engine.started_event.is_set()
 
 
 def test_foreground_start_failure_raises():
@@ -85,3 +94,11 @@ def test_foreground_start_failure_raises():
     engine.release.set()
     with pytest.raises(RuntimeError, match="failed to start"):
         EngineHost(config.models[0], engine, config.service)
+
+
+def test_foreground_start_has_started_the_engine_when_the_host_exists():
+    config = make_config()
+    engine = FakeEngine(kv_cache_tokens=777)
+    host = EngineHost(config.models[0], engine, config.service)
+    assert engine.started_event.is_set()
+    assert host.admission.token_budget == 777

@@ -43,7 +43,8 @@ def test_max_tokens_ends_with_length(client):
 
 
 def test_stop_sequence_is_honoured(client):
-    full = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30).choices[0].message.content
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                          max_tokens=30).choices[0].message.content
     assert " of" in full
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30, stop=[" of"])
     assert r.choices[0].message.content == full[: full.index(" of")]
@@ -64,7 +65,8 @@ def test_stream_matches_non_stream_and_reports_usage(client):
 
 async def test_async_client_streams_and_answers(async_client):
     r = await async_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=10)
-    stream = await async_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=10, stream=True)
+    stream = await async_client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=10,
+                                                        stream=True)
     text = "".join([c.choices[0].delta.content or "" async for c in stream])
     assert text == r.choices[0].message.content
 
@@ -92,7 +94,8 @@ def test_n_choices_and_seed(client):
 def test_completions_and_echo(client):
     r = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=5)
     assert r.object == "text_completion" and r.usage.completion_tokens == 5
-    echoed = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=5, echo=True)
+    echoed = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=5,
+                                       echo=True)
     assert echoed.choices[0].text == "The capital of France is" + r.choices[0].text
 
 
@@ -132,13 +135,16 @@ def test_schema_the_engine_cannot_compile_is_a_400_before_streaming(http, client
             "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
-    assert "Paris" in client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20).choices[0].message.content
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=20)
+    assert "Paris" in answer.choices[0].message.content
 
 
 def test_json_schema_output_validates(client):
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=40,
-                                       response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "answer", "schema": schema}})
     data = json.loads(r.choices[0].message.content)
     assert isinstance(data["city"], str)
 

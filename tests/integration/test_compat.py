@@ -64,8 +64,10 @@ def test_chat_logprobs_are_typed_and_spell_the_content(client):
         assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == pytest.approx(e.logprob)  # greedy
 
     # Without the parameter there are none; logprobs without top_logprobs has no alternatives.
-    assert client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5).choices[0].logprobs is None
-    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5, logprobs=True).choices[0]
+    without = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5)
+    assert without.choices[0].logprobs is None
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=5,
+                                           logprobs=True).choices[0]
     assert [e.token for e in plain.logprobs.content] == [e.token for e in entries[:5]]
     assert all(e.top_logprobs == [] for e in plain.logprobs.content)
 
@@ -92,7 +94,8 @@ def test_top_logprobs_over_the_cap_is_a_400_naming_it(client):
     err = bad_request(client.chat.completions.create, model=MODEL, messages=QUESTION, max_tokens=2,
                       logprobs=True, top_logprobs=MAX_LOGPROBS + 1)
     assert err["param"] == "top_logprobs" and "top_logprobs" in err["message"] and str(MAX_LOGPROBS) in err["message"]
-    at_cap = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, logprobs=True, top_logprobs=MAX_LOGPROBS)
+    at_cap = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, logprobs=True,
+                                            top_logprobs=MAX_LOGPROBS)
     assert all(len(e.top_logprobs) == MAX_LOGPROBS for e in at_cap.choices[0].logprobs.content)
 
 
@@ -106,11 +109,12 @@ def test_completion_logprobs_cover_every_token(client):
     assert n == 6
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
     assert "".join(lp.tokens) == choice.text
-    for token, logprob, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+    for token, logprob, top, offset in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset, strict=True):
         assert logprob <= 0
         assert choice.text[offset:offset + len(token)] == token
         assert 1 <= len(top) <= 2 and top[token] == pytest.approx(logprob)  # greedy: the chosen token is the top one
-    assert client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=2).choices[0].logprobs is None
+    without = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=2)
+    assert without.choices[0].logprobs is None
 
     err = bad_request(client.completions.create, model=MODEL, prompt=PROMPT, max_tokens=2, logprobs=MAX_LOGPROBS + 1)
     assert err["param"] == "logprobs" and "logprobs" in err["message"]
@@ -118,20 +122,22 @@ def test_completion_logprobs_cover_every_token(client):
 
 def test_completion_logprob_offsets_index_the_returned_text(client):
     """text_offset points into the text the client gets: past the echoed prompt, and across stream chunks."""
-    echoed = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4, logprobs=1, echo=True).choices[0]
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4, logprobs=1,
+                                       echo=True).choices[0]
     assert echoed.text.startswith(PROMPT)
-    for token, offset in zip(echoed.logprobs.tokens, echoed.logprobs.text_offset):
+    for token, offset in zip(echoed.logprobs.tokens, echoed.logprobs.text_offset, strict=True):
         assert echoed.text[offset:offset + len(token)] == token
     assert echoed.logprobs.text_offset[0] == len(PROMPT)
 
     text, tokens, offsets = "", [], []
-    for chunk in client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=1, stream=True):
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=1, stream=True)
+    for chunk in stream:
         for choice in chunk.choices:
             text += choice.text
             tokens += choice.logprobs.tokens
             offsets += choice.logprobs.text_offset
     assert len(tokens) == 6
-    assert [text[o:o + len(t)] for t, o in zip(tokens, offsets)] == tokens
+    assert [text[o:o + len(t)] for t, o in zip(tokens, offsets, strict=True)] == tokens
     assert offsets == sorted(offsets) and offsets[0] == 0
 
 
@@ -174,7 +180,8 @@ def test_temperature_zero_is_deterministic_whatever_the_seed(client):
 def test_small_top_p_samples_the_greedy_answer(client):
     greedy = chat_text(client, temperature=0, max_tokens=16)
     assert chat_text(client, temperature=1.0, max_tokens=16, seed=7) != greedy  # this seed samples something else...
-    assert chat_text(client, temperature=1.0, max_tokens=16, seed=7, top_p=0.01) == greedy  # ...unless only the top token is left
+    # ...unless only the top token is left
+    assert chat_text(client, temperature=1.0, max_tokens=16, seed=7, top_p=0.01) == greedy
 
 
 @pytest.mark.parametrize("penalty", ["presence_penalty", "frequency_penalty"])
@@ -219,11 +226,13 @@ def test_json_object_makes_the_answer_json(client):
 
 def test_json_schema_answer_validates_against_the_schema(client):
     schema = {"type": "object",
-              "properties": {"capital": {"type": "string", "enum": ["Paris", "London", "Berlin"]}, "is_large": {"type": "boolean"}},
+              "properties": {"capital": {"type": "string", "enum": ["Paris", "London", "Berlin"]},
+                             "is_large": {"type": "boolean"}},
               "required": ["capital", "is_large"], "additionalProperties": False}
     assert not _parses(chat_text(client, temperature=0, max_tokens=40))
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=40,
-                                       response_format={"type": "json_schema", "json_schema": {"name": "facts", "schema": schema}})
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "facts", "schema": schema}})
     data = json.loads(r.choices[0].message.content)
     jsonschema.validate(data, schema)
     assert data["capital"] == "Paris"
@@ -335,7 +344,8 @@ def test_completions_stream_include_usage(client):
     assert "".join(ch.text for c in chunks for ch in c.choices) == full.choices[0].text
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
-    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (full.usage.prompt_tokens, full.usage.completion_tokens)
+    assert last.usage.prompt_tokens == full.usage.prompt_tokens
+    assert last.usage.completion_tokens == full.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
     # Without the option no chunk carries usage.
     plain = list(client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=5, stream=True))
@@ -346,7 +356,8 @@ async def test_async_client_completions_raw_and_streaming(async_client, client):
     greedy = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6).choices[0].text
     r = await async_client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6)
     assert isinstance(r, Completion) and r.choices[0].text == greedy
-    raw = await async_client.chat.completions.with_raw_response.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=3)
+    raw = await async_client.chat.completions.with_raw_response.create(model=MODEL, messages=QUESTION, temperature=0,
+                                                                       max_tokens=3)
     assert raw.headers.get("x-request-id") and isinstance(raw.parse(), ChatCompletion)
     stream = await async_client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, stream=True)
     assert "".join([c.choices[0].text async for c in stream if c.choices]) == greedy
@@ -363,7 +374,8 @@ async def test_async_client_completions_raw_and_streaming(async_client, client):
 
 def test_langchain_chat_openai_invoke_and_stream(base_url):
     langchain_openai = pytest.importorskip(
-        "langchain_openai", reason="langchain-openai is not installed (it is in the `dev` extra: pip install -e '.[dev]')")
+        "langchain_openai",
+        reason="langchain-openai is not installed (it is in the `dev` extra: pip install -e '.[dev]')")
     llm = langchain_openai.ChatOpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, model=MODEL, temperature=0,
                                       max_tokens=20, max_retries=0, timeout=120)
     answer = llm.invoke("What is the capital of France?")

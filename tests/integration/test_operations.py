@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 import uuid
 
 import httpx
@@ -13,6 +12,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import MODEL
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +29,14 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 def test_metrics_count_requests_latency_disconnects_and_engine_figures(service, http):
     before = httpx.get(f"{service.base_url}/metrics").text  # open to scrapers, no key
-    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True})
-    with http.stream("POST", "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "A long story"}],
-                                                          "max_tokens": 500, "ignore_eos": True, "stream": True}) as r:
+    def chat(content: str, **extra) -> dict:
+        return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+    http.post("/v1/chat/completions", json=chat("Hi", max_tokens=5, stream=True))
+    with http.stream("POST", "/v1/chat/completions",
+                     json=chat("A long story", max_tokens=500, ignore_eos=True, stream=True)) as r:
         next(r.iter_lines())
-    http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x " * 3000}], "max_tokens": 10})
+    http.post("/v1/chat/completions", json=chat("x " * 3000, max_tokens=10))
     service.wait_idle()
     after = httpx.get(f"{service.base_url}/metrics").text
 
@@ -56,17 +59,18 @@ def test_json_logs_carry_the_request_id_from_ingress_to_engine(service, http):
     r = http.post("/v1/chat/completions", headers={"X-Request-Id": trace},
                   json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3})
     assert r.status_code == 200 and r.headers["x-request-id"] == trace
-    found: dict[str, dict] = {}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(found) < 2:
+
+    def records() -> dict[str, dict]:
+        """The JSON log records that carry `trace`, by logger; both loggers' once both have been written."""
+        found: dict[str, dict] = {}
         for line in service.log_path.read_text(errors="replace").splitlines():
-            if trace not in line:
-                continue
-            match = re.search(r"\{.*\}\s*$", line)  # Ray prefixes forwarded replica lines with "(Replica pid=...)"
+            match = re.search(r"\{.*\}\s*$", line) if trace in line else None  # Ray prefixes "(Replica pid=...)"
             if match:
                 record = json.loads(match.group(0))
                 found[record["logger"]] = record
-        time.sleep(0.5)
+        return found if {"app.access", "app.server"} <= found.keys() else {}
+
+    found = wait_until(records, timeout_s=30, interval_s=0.5, what="both log lines of the request in the log")
     assert found["app.access"]["request_id"] == trace and found["app.access"]["status"] == 200
     assert found["app.server"]["trace_id"] == trace and found["app.server"]["outcome"] == "finished"
     assert found["app.server"]["generated_tokens"] == 3

@@ -1,6 +1,7 @@
 """Engine death: in-flight requests end cleanly, health says so, Ray Serve replaces the replica.
 
-Runs late in the session (file order): it kills the EngineCore with SIGKILL."""
+It kills the EngineCore with SIGKILL, so it runs on a stack of its own (`own_service`), never the
+session's shared one: it may run in any place in the order."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import pytest
 from app.builder import engine_deployment_name
 from tests.integration.conftest import MODEL
 from tests.support import sse
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.support.stacks"]
 
 RECOVERY_TIMEOUT_S = 300
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def _engine_cores(service, model: str = MODEL) -> list[psutil.Process]:
@@ -35,7 +39,8 @@ def _engine_cores(service, model: str = MODEL) -> list[psutil.Process]:
     return found
 
 
-def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
+def test_engine_killed_mid_stream_ends_requests_and_recovers(own_service, own_http):
+    service, http = own_service, own_http
     cores = _engine_cores(service)
     assert len(cores) == 1, cores
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
@@ -44,7 +49,8 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
     non_stream: dict = {}
 
     def _non_stream():
-        non_stream["response"] = httpx.post(f"{service.base_url}/v1/chat/completions", json=body, headers=service.headers, timeout=120)
+        non_stream["response"] = httpx.post(f"{service.base_url}/v1/chat/completions", json=body,
+                                            headers=service.headers, timeout=120)
 
     waiter = threading.Thread(target=_non_stream)
     with httpx.Client(base_url=service.base_url, headers=service.headers, timeout=120) as c:
@@ -55,7 +61,8 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
             while raw.count("data: ") < 3:
                 raw += next(chunks)
             waiter.start()
-            time.sleep(1.0)
+            wait_until(lambda: service.stats()["engine"]["running"] == 2, timeout_s=60, interval_s=0.1,
+                       what="the non-streaming request in the engine beside the stream")
             killed_at = time.monotonic()
             cores[0].kill()  # SIGKILL the engine process
             for part in chunks:
@@ -85,15 +92,15 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(service, http):
         except httpx.TimeoutException:
             pass
         try:
-            r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                                                        "temperature": 0, "max_tokens": 20}, timeout=30)
+            r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "temperature": 0,
+                                                        "max_tokens": 20}, timeout=30)
             if r.status_code == 200 and saw_unhealthy:
                 assert "Paris" in r.json()["choices"][0]["message"]["content"]
                 recovered_s = time.monotonic() - killed_at
                 break
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(1)  # the poll interval of this bounded wait for the replacement (it also counts refused_s)
     print(f"connections refused for about {refused_s:.0f} s during the replacement")
     assert saw_unhealthy, "/health never reported the dead engine"
     assert recovered_s is not None, f"no successful answer within {RECOVERY_TIMEOUT_S} s of the kill"

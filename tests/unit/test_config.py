@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from app.config import API_KEYS_ENV, AppConfig, ConfigError, load_config, parse_config
 from tests.support.fake_stack import REPO_ROOT, config_dict
@@ -63,7 +64,8 @@ def test_unknown_top_level_and_service_keys():
     [
         ({"engine": {"max_model_len": 0}}, "models.0.engine.max_model_len"),
         ({"engine": {"kv_cache_gib": 1.5}}, "models.0.engine.kv_cache_gib"),
-        ({"limits": {"default_max_tokens": 200, "max_tokens": 100}}, "default_max_tokens (200) is above max_tokens (100)"),
+        ({"limits": {"default_max_tokens": 200, "max_tokens": 100}},
+         "default_max_tokens (200) is above max_tokens (100)"),
         ({"engine": {"max_model_len": 64}, "limits": {"default_max_tokens": 64, "max_tokens": 128}},
          "default_max_tokens (64) must be below engine.max_model_len (64)"),
         ({"engine": {"max_model_len": 64}, "limits": {"max_prompt_tokens": 64, "default_max_tokens": 8}},
@@ -118,5 +120,5 @@ def test_no_api_keys_by_default(monkeypatch):
 
 def test_config_is_frozen():
     cfg = parse_config(config_dict())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.models[0].engine.max_model_len = 4096  # type: ignore[misc]

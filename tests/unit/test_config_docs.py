@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 import app.config
+from scripts import gen_config_docs  # the script as a module: scripts/ is a namespace package under the repo root
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gen_config_docs.py"
@@ -18,13 +18,6 @@ DOC = REPO / "docs" / "configuration.md"
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_config_docs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_configuration_doc_is_current():
@@ -45,16 +38,17 @@ def test_check_notices_a_stale_doc(tmp_path):
 
 
 def test_every_config_model_and_key_is_documented():
-    gen = _generator()
     models = {obj for obj in vars(app.config).values()
               if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == app.config.__name__
               and obj.model_fields}
-    documented = {model for _, model in gen.SECTIONS}
-    assert models <= documented, f"config sections missing from scripts/gen_config_docs.py SECTIONS: {models - documented}"
+    documented = {model for _, model in gen_config_docs.SECTIONS}
+    assert models <= documented, \
+        f"config sections missing from scripts/gen_config_docs.py SECTIONS: {models - documented}"
     text = DOC.read_text()
-    for heading, model in gen.SECTIONS:
-        section = text.split(f"## `{heading}`\n" if heading != "Top level" else "## Top level\n", 1)[1].split("\n## ", 1)[0]
+    for heading, model in gen_config_docs.SECTIONS:
+        title = f"## `{heading}`\n" if heading != "Top level" else "## Top level\n"
+        section = text.split(title, 1)[1].split("\n## ", 1)[0]
         for key, field in model.model_fields.items():
             assert f"| `{key}` |" in section, f"{heading}.{key} is not in docs/configuration.md"
             if field.description:
-                assert gen._cell(field.description) in section
+                assert gen_config_docs._cell(field.description) in section

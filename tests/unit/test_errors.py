@@ -54,7 +54,8 @@ def test_queue_full_unavailable_is_still_a_queue_full():
     assert issubclass(QueueFullUnavailable, QueueFull)
 
 
-@pytest.mark.parametrize("retry_after, header", [(0.01, "1"), (0.4, "1"), (1.0, "1"), (2.6, "3"), (30, "30"), (59.7, "60")])
+@pytest.mark.parametrize("retry_after, header",
+                         [(0.01, "1"), (0.4, "1"), (1.0, "1"), (2.6, "3"), (30, "30"), (59.7, "60")])
 def test_retry_after_header(retry_after, header):
     assert QueueFull("full", retry_after_s=retry_after).headers() == {"Retry-After": header}
 

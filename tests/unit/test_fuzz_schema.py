@@ -187,14 +187,16 @@ _scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     _text,
 )
-_json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                        st.dictionaries(st.text(_char, max_size=12), inner, max_size=4)),
+_json = st.recursive(_scalars,
+                     lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                             st.dictionaries(st.text(_char, max_size=12), inner, max_size=4)),
                      max_leaves=12)
 
 
 _valid_message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "developer", "user", "assistant"]),
-     "content": st.one_of(_text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}), max_size=3))},
+     "content": st.one_of(_text,
+                          st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}), max_size=3))},
     optional={"name": st.text(max_size=10)},
 )
 _hostile_message = st.one_of(
@@ -210,12 +212,15 @@ CHAT_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy]] = {
     "model": (st.just(MODEL_ID), st.one_of(st.sampled_from(["", "gpt-4o", MODEL_ID.upper(), MODEL_ID + " "]), _json)),
     "messages": (st.lists(_valid_message, min_size=1, max_size=4),
                  st.one_of(st.just([]), st.lists(_hostile_message, min_size=1, max_size=3), _json)),
-    "temperature": (st.floats(0.1, 2), st.one_of(st.floats(), st.floats(2.0001, 1e300), st.floats(-1e300, -0.0001), _json)),
+    "temperature": (st.floats(0.1, 2),
+                    st.one_of(st.floats(), st.floats(2.0001, 1e300), st.floats(-1e300, -0.0001), _json)),
     "top_p": (st.floats(0.01, 1), st.one_of(st.floats(), st.just(0), st.floats(1.0001, 10), _json)),
     "n": (st.integers(1, 4), st.one_of(st.integers(max_value=0), st.integers(min_value=5), _json)),
     "stop": (st.one_of(st.text(min_size=1, max_size=8), st.lists(st.text(min_size=1, max_size=8), max_size=2)),
-             st.one_of(st.just(""), st.lists(st.text(max_size=300), min_size=3, max_size=6), st.text(min_size=257, max_size=300), _json)),
-    "seed": (st.integers(-(2**63), 2**64 - 1), st.one_of(st.integers(min_value=2**64), st.integers(max_value=-(2**63) - 1), _json)),
+             st.one_of(st.just(""), st.lists(st.text(max_size=300), min_size=3, max_size=6),
+                       st.text(min_size=257, max_size=300), _json)),
+    "seed": (st.integers(-(2**63), 2**64 - 1),
+             st.one_of(st.integers(min_value=2**64), st.integers(max_value=-(2**63) - 1), _json)),
     "presence_penalty": (st.floats(-2, 2), st.one_of(st.floats(), _json)),
     "frequency_penalty": (st.floats(-2, 2), st.one_of(st.floats(), _json)),
     "stream": (st.booleans(), _json),
@@ -269,7 +274,8 @@ def test_chat_bodies_from_arbitrary_json(fuzzed: Fuzzed):
         response = _post_raw(fuzzed, "/v1/chat/completions", raw)
         tally[response.status_code] += 1
         status = response.status_code
-        assert status in (200, 400, 404, 413), f"{status} for {raw[:300]!r}: {response.text[:300]}"  # never 422, never 5xx
+        # never 422, never 5xx
+        assert status in (200, 400, 404, 413), f"{status} for {raw[:300]!r}: {response.text[:300]}"
         if status != 200:
             assert_error_shape(status, response.headers.get("content-type", ""), response.content)
             return

@@ -98,7 +98,8 @@ async def test_chat_n_and_max_tokens(client):
 
 
 async def test_chat_logprobs(client):
-    body = (await client.post("/v1/chat/completions", json=chat_body(logprobs=True, top_logprobs=2, max_tokens=2))).json()
+    resp = await client.post("/v1/chat/completions", json=chat_body(logprobs=True, top_logprobs=2, max_tokens=2))
+    body = resp.json()
     content = body["choices"][0]["logprobs"]["content"]
     assert len(content) == 2
     assert set(content[0]) == {"token", "logprob", "bytes", "top_logprobs"}
@@ -120,7 +121,8 @@ async def test_chat_stream(client):
 
 
 async def test_chat_stream_include_usage(client):
-    resp = await client.post("/v1/chat/completions", json=chat_body(stream=True, stream_options={"include_usage": True}))
+    resp = await client.post("/v1/chat/completions",
+                             json=chat_body(stream=True, stream_options={"include_usage": True}))
     out = events(resp)
     assert out[-1] == "[DONE]"
     *content_chunks, usage_chunk = out[:-1]
@@ -206,13 +208,15 @@ async def test_completion_echo(client):
 
 async def test_completion_echo_token_ids(client):
     ids = list("héllo".encode())
-    body = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ids, "echo": True, "max_tokens": 1})).json()
+    resp = await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ids, "echo": True, "max_tokens": 1})
+    body = resp.json()
     assert body["choices"][0]["text"].startswith("héllo")
     assert body["usage"]["prompt_tokens"] == len(ids)
 
 
 async def test_completion_echo_stream(client):
-    out = events(await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Q ", "echo": True, "stream": True}))
+    body = {"model": MODEL_ID, "prompt": "Q ", "echo": True, "stream": True}
+    out = events(await client.post("/v1/completions", json=body))
     assert out[-1] == "[DONE]"
     assert out[0]["choices"][0]["text"].startswith("Q ")
     assert "".join(c["choices"][0]["text"] for c in out[:-1]) == "Q " + ANSWER
@@ -269,7 +273,8 @@ async def test_unknown_field_message(client):
 
 
 async def test_ignored_and_empty_tool_fields_accepted(client):
-    resp = await client.post("/v1/chat/completions", json=chat_body(user="u", tools=[], tool_choice="none", metadata={"a": "b"}))
+    body = chat_body(user="u", tools=[], tool_choice="none", metadata={"a": "b"})
+    resp = await client.post("/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
 
 
@@ -310,7 +315,8 @@ async def test_body_too_large_without_content_length_413(make_stack):
         for i in range(0, len(payload), 1000):
             yield payload[i:i + 1000]
 
-    resp = await stack.client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    resp = await stack.client.post("/v1/chat/completions", content=chunks(),
+                                   headers={"content-type": "application/json"})
     assert "content-length" not in resp.request.headers
     err = error_of(resp, 413)
     assert err["code"] == "request_too_large"
@@ -352,7 +358,8 @@ async def test_api_key_refused(keyed, headers):
 
 
 async def test_api_key_accepted_and_health_open(keyed):
-    resp = await keyed.client.post("/v1/chat/completions", json=chat_body(), headers={"Authorization": "Bearer sk-right"})
+    resp = await keyed.client.post("/v1/chat/completions", json=chat_body(),
+                                   headers={"Authorization": "Bearer sk-right"})
     assert resp.status_code == 200, resp.text
     assert (await keyed.client.get("/v1/models", headers={"Authorization": "bearer sk-right"})).status_code == 200
     assert (await keyed.client.get("/health")).status_code == 200
@@ -421,11 +428,13 @@ async def test_tokenize_bad_messages_400(client):
 
 
 async def test_tokenize_unknown_model_404(client):
-    assert error_of(await client.post("/tokenize", json={"model": "nope", "prompt": "a"}), 404)["code"] == "model_not_found"
+    resp = await client.post("/tokenize", json={"model": "nope", "prompt": "a"})
+    assert error_of(resp, 404)["code"] == "model_not_found"
 
 
 async def test_detokenize_negative_tokens_400(client):
-    assert error_of(await client.post("/detokenize", json={"model": MODEL_ID, "tokens": [1, -1]}), 400)["param"] == "tokens"
+    resp = await client.post("/detokenize", json={"model": MODEL_ID, "tokens": [1, -1]})
+    assert error_of(resp, 400)["param"] == "tokens"
 
 
 async def test_health(client, stack):
@@ -459,7 +468,9 @@ async def test_stats(client):
 async def test_queue_full_429_with_retry_after(make_stack):
     config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 1})
     stack = make_stack(config, FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.05))
-    responses = await asyncio.gather(*(stack.client.post("/v1/chat/completions", json=chat_body(f"q{i}")) for i in range(5)))
+    # five at once against one slot and one queue place; the one served holds its slot for 9 tokens of 50 ms
+    responses = await asyncio.gather(*(stack.client.post("/v1/chat/completions", json=chat_body(f"q{i}"))
+                                       for i in range(5)))
     statuses = sorted(r.status_code for r in responses)
     assert statuses == [200, 200, 429, 429, 429], statuses
     for resp in responses:
@@ -473,7 +484,8 @@ async def test_queue_full_429_with_retry_after(make_stack):
 
 
 async def test_queue_full_503_when_configured(make_stack):
-    config = make_config(service={"refusal_status": 503}, deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
+    config = make_config(service={"refusal_status": 503},
+                         deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
     stack = make_stack(config, FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.02))
     responses = await asyncio.gather(*(stack.client.post("/v1/chat/completions", json=chat_body()) for _ in range(3)))
     statuses = sorted(r.status_code for r in responses)

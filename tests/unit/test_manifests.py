@@ -90,7 +90,8 @@ def _quantity(value: Any) -> float:
 
 
 def _ray_resources(group: dict, container: dict) -> dict[str, float]:
-    """What Ray advertises for a pod of this group: rayStartParams first, else the container limits (as KubeRay does)."""
+    """What Ray advertises for a pod of this group: rayStartParams first, else the container limits (as KubeRay
+    does)."""
     params = group.get("rayStartParams") or {}
     limits = (container.get("resources") or {}).get("limits") or {}
     cpus = params.get("num-cpus", limits.get("cpu", 0))
@@ -130,7 +131,8 @@ def _to_jsonschema(node: Any) -> Any:
         out["anyOf"] = [{"type": "integer"}, string]
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if "properties" in out and "additionalProperties" not in out and not node.get("x-kubernetes-preserve-unknown-fields"):
+    open_ended = node.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and "additionalProperties" not in out and not open_ended:
         out["additionalProperties"] = False
     return out
 
@@ -209,7 +211,8 @@ def build_application(app_schema) -> tuple[AppConfig, BuiltApplication]:
     # Overrides in the config file, applied as Serve applies them (application_state.override_deployment_info).
     for override in app_schema.model_dump(exclude_unset=True).get("deployments", []):
         name = override.pop("name")
-        assert name in deployments, f"{app_schema.name}: override for deployment {name!r}, which does not exist; have {sorted(deployments)}"
+        assert name in deployments, \
+            f"{app_schema.name}: override for deployment {name!r}, which does not exist; have {sorted(deployments)}"
         for replica_option in REPLICA_OPTIONS:  # these go to the replica config, not the deployment config
             override.pop(replica_option, None)
         options = deployments[name]._deployment_config.model_dump()
@@ -266,17 +269,22 @@ def test_manifest_serve_config_builds(path):
         config, built = build_application(app_schema)
         assert path.name in INLINE_CONFIG_SOURCE, f"say which configs/*.yaml {path.name} copies in INLINE_CONFIG_SOURCE"
         source = CONFIGS / INLINE_CONFIG_SOURCE[path.name]
-        assert config == load_config(source), f"{path.name}: the inline config drifted from {source.name}; make them equal again"
-        # Every engine replica (and the ingress) fits in some pod, and the groups' upper bounds hold the most replicas asked for.
-        groups = [(_ray_resources(group, container), group.get("maxReplicas", 1)) for _, group, container in _ray_containers(manifest)]
+        assert config == load_config(source), \
+            f"{path.name}: the inline config drifted from {source.name}; make them equal again"
+        # Every engine replica (and the ingress) fits in some pod, and the groups' upper bounds hold the most
+        # replicas asked for.
+        groups = [(_ray_resources(group, container), group.get("maxReplicas", 1))
+                  for _, group, container in _ray_containers(manifest)]
         for deployment in built.deployments:
-            need = {"CPU": deployment.ray_actor_options.get("num_cpus", 1), "GPU": deployment.ray_actor_options.get("num_gpus", 0)}
+            options = deployment.ray_actor_options
+            need = {"CPU": options.get("num_cpus", 1), "GPU": options.get("num_gpus", 0)}
             slots = [min((have[r] // need[r]) if need[r] else math.inf for r in need) for have, _ in groups]
             assert any(s >= 1 for s in slots), f"{path.name}: a {deployment.name} replica needs {need}; no pod has that"
             if deployment.name != INGRESS_NAME:  # a separate ingress (several models) has one replica
-                capacity = sum(s * most for s, (_, most) in zip(slots, groups) if s != math.inf)
+                capacity = sum(s * most for s, (_, most) in zip(slots, groups, strict=True) if s != math.inf)
                 wanted = _max_replicas(app_schema, deployment)
-                assert capacity >= wanted, f"{path.name}: {deployment.name} may run {wanted} replicas; the worker groups hold {capacity}"
+                assert capacity >= wanted, \
+                    f"{path.name}: {deployment.name} may run {wanted} replicas; the worker groups hold {capacity}"
 
 
 def test_gpu_manifest_shape():
@@ -287,7 +295,8 @@ def test_gpu_manifest_shape():
     head_container = head["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in str(head_container.get("resources", {})), "the head needs no GPU"
     assert cluster["enableInTreeAutoscaling"] is True
-    gpu_groups = [g for g in cluster["workerGroupSpecs"] if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]]
+    gpu_groups = [g for g in cluster["workerGroupSpecs"]
+                  if "nvidia.com/gpu" in g["template"]["spec"]["containers"][0]["resources"]["limits"]]
     assert gpu_groups, "no worker group asks for nvidia.com/gpu"
     for group in gpu_groups:
         resources = group["template"]["spec"]["containers"][0]["resources"]
@@ -337,13 +346,15 @@ def test_manifest_keeps_ray_private_and_pods_healthy(path):
         images.add(container["image"])
         pod = group["template"]["spec"]
         assert (pod.get("securityContext") or {}).get("runAsNonRoot") is True, f"{name}: pods must run as non-root"
-        assert container.get("readinessProbe") and container.get("livenessProbe"), f"{name}: readiness and liveness probes"
+        assert container.get("readinessProbe") and container.get("livenessProbe"), \
+            f"{name}: readiness and liveness probes"
         assert {"name": "serve", "containerPort": SERVE_PORT} in [
             {k: p.get(k) for k in ("name", "containerPort")} for p in container.get("ports", [])
         ], f"{name}: KubeRay finds the Serve port by the name 'serve'"
         env = {e["name"]: e for e in container.get("env", [])}
         assert "APP_API_KEYS" in env, f"{name}: the ingress may run on any node; every node needs the keys"
-        assert "value" not in env["APP_API_KEYS"] and env["APP_API_KEYS"]["valueFrom"]["secretKeyRef"], f"{name}: keys only from a Secret"
+        keys = env["APP_API_KEYS"]
+        assert "value" not in keys and keys["valueFrom"]["secretKeyRef"], f"{name}: keys only from a Secret"
     assert len(images) == 1, f"every node must run the same image (same Ray, Python and app code): {images}"
     suffix = "-gpu" if "nvidia.com/gpu" in str(cluster) else "-cpu"
     assert images.pop().endswith(suffix)

@@ -163,7 +163,8 @@ def test_ignored_parameters_accepted():
 def test_chat_prompt_flattens_text_parts():
     req = chat(messages=[{"role": "system", "content": "be brief"},
                          {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
-    assert req.to_prompt(LIMITS).messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"})
+    assert req.to_prompt(LIMITS).messages == ({"role": "system", "content": "be brief"},
+                                              {"role": "user", "content": "ab"})
 
 
 def test_too_many_messages():
@@ -195,7 +196,8 @@ def test_batched_prompts_unsupported():
 
 def test_response_format_json_schema_in_params():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    params = chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}).to_params(LIMITS)
+    request = chat(response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    params = request.to_params(LIMITS)
     assert params.json_schema == schema
     assert params.json_object is False
 
@@ -239,7 +241,8 @@ def test_stream_options_without_stream_is_refused():
     from app.protocol import ChatCompletionRequest
 
     with _pytest.raises(InvalidRequest) as err:
-        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream_options={"include_usage": True})
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
+                              stream_options={"include_usage": True})
     assert err.value.param == "stream_options"
     assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=True,
                                  stream_options={"include_usage": True}).include_usage

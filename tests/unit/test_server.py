@@ -107,7 +107,8 @@ async def test_prompt_over_max_prompt_tokens(host):
 
 async def test_default_max_tokens_shrinks_to_fit(host):
     prompt_tokens = MAX_MODEL_LEN - 10
-    request = make_request("p" * prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, max_tokens_is_default=True, ignore_eos=True)
+    request = make_request("p" * prompt_tokens, max_tokens=DEFAULT_MAX_TOKENS, max_tokens_is_default=True,
+                           ignore_eos=True)
     admitted, deltas = await collect(host, request)
     assert admitted.prompt_tokens == prompt_tokens
     assert sum(c.num_tokens for d in deltas for c in d.choices) == 10  # what was left of the context
@@ -169,7 +170,7 @@ async def test_dead_engine_is_service_unavailable(host, engine):
     with pytest.raises(ServiceUnavailable) as info:
         await anext(host.generate(make_request("hello")))
     assert info.value.status == 503 and info.value.retry_after_s
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="dead"):
         await host.check_health()
     with pytest.raises(ServiceUnavailable):  # refused up front from now on
         await anext(host.generate(make_request("hello")))
@@ -187,7 +188,7 @@ async def test_engine_dying_mid_stream():
     with pytest.raises(ServiceUnavailable):
         async for _ in gen:
             pass
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="died mid-request"):
         await host.check_health()
     assert_idle(host)
 

@@ -13,8 +13,7 @@ Phases (httpx async clients):
   d. after     wait until /stats shows nothing running or queued, then one normal request.
 
 Modules: mix (the seeded request mix and prompts), client (one request and a client's loop), stats_poll (what
-/stats, /livez and the process tree show during a phase), phases (a phase's run and its figures), capacity
-(the service under test: own or by URL), access_log (where a refusal's time goes), result (what a run
-found), targets (PASS/FAIL),
-render (the Markdown section), run (the whole run, start to report).
+/stats, /livez and the process tree show during a phase), phases (a phase's run and its figures), capacity (the
+service under test: own or by URL), access_log (where a refusal's time goes), result (what a run found), targets
+(PASS/FAIL), render (the Markdown section), run (the whole run, start to report).
 """

@@ -63,8 +63,11 @@ def _precision_lines(runs: list[SystemRun], opts: ReportOptions, meta: RunMeta) 
               "it, and float32 can be several times faster")
     resolved = sorted({f"`{r.system}` {precision_label(r.dtype, r.resolved_dtype)}" for r in runs
                        if r.dtype == "auto" and r.resolved_dtype})
-    how = ("every vLLM-based system runs at each one, side by side in the same rounds; the naive baseline runs once, "
-           f"at {opts.dtypes[0]}" if len(opts.dtypes) > 1 else "every system runs at it")
+    how = "every system runs at it"
+    if len(opts.dtypes) > 1:
+        how = "every vLLM-based system runs at each one, side by side in the same rounds"
+        if any(r.system == "naive" for r in runs):
+            how += f"; the naive baseline runs once, at {opts.dtypes[0]}"
     asked = ("asked with `--dtype`" if opts.dtypes_asked
              else f"the precision of `configs/cpu.yaml` ({meta.config_dtype})")
     lines = [f"- Precision: {', '.join(opts.dtypes)} ({asked}); {how}. {native}."]

@@ -1,0 +1,238 @@
+"""`app/ray_backend.py`: the ingress' side of the Ray handle. `translate` gives back the service's own
+errors for what Ray wraps or raises; `HandleBackend` against a stand-in handle: values pass through, a
+`Refused` value raises its error, every call's failure is translated, and the remote stream is always
+cancelled in the end (which stops the replica's generator when the caller went away)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
+from ray.serve._private.common import DeploymentID
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from app.engine import Admitted, ChoiceDelta, GenerationDelta, PromptInput
+from app.errors import InvalidRequest, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
+from app.ray_backend import HandleBackend, Refused, translate
+from tests.support.fake_stack import make_request
+
+
+def wrapped(cause: BaseException) -> RayTaskError:
+    """What the caller of a replica gets when the replica raised `cause`: RayTaskError(<cause's class>)."""
+    return RayTaskError("generate_remote", "Traceback (most recent call last): ...", cause).as_instanceof_cause()
+
+
+# -- translate ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cause", [QueueFull("full", retry_after_s=3), InvalidRequest("bad n", param="n"),
+                                   RequestTimeout("too long"), ServiceUnavailable("starting", retry_after_s=5)],
+                         ids=lambda e: type(e).__name__)
+def test_a_service_error_raised_in_the_replica_comes_back_as_itself(cause):
+    for err in (wrapped(cause), RayTaskError("generate_remote", "tb", cause)):
+        back = translate(err)
+        assert back is cause  # its class, status, param and Retry-After, not a RayTaskError
+        assert isinstance(back, ServiceError) and not isinstance(back, RayTaskError)
+
+
+def test_a_service_error_is_itself():
+    err = InvalidRequest("bad", param="stop")
+    assert translate(err) is err
+
+
+def test_back_pressure_is_queue_full():
+    back = translate(BackPressureError(num_queued_requests=5, max_queued_requests=4))
+    assert type(back) is QueueFull
+    assert back.status == 429 and back.retry_after_s == 1 and back.code == "queue_full"
+
+
+def test_a_call_cancelled_under_us_is_a_503_to_retry():
+    back = translate(TaskCancelledError())
+    assert type(back) is ServiceUnavailable and back.status == 503 and back.retry_after_s == 1
+
+
+@pytest.mark.parametrize("err", [ActorDiedError(), ActorUnavailableError("gone", None), RayActorError(),
+                                 DeploymentUnavailableError(DeploymentID(name="engine", app_name="llm"))],
+                         ids=lambda e: type(e).__name__)
+def test_no_replica_to_answer_is_a_503_to_retry_later(err):
+    back = translate(err)
+    assert type(back) is ServiceUnavailable
+    assert back.status == 503 and back.retry_after_s == 5 and back.code == "engine_unavailable"
+
+
+def test_anything_else_is_left_alone():
+    for err in (ValueError("a bug"), wrapped(KeyError("internal"))):
+        assert translate(err) is err  # a 500 for the ingress' handler, logged there
+
+
+# -- HandleBackend against a stand-in handle ---------------------------------------------------
+
+class StandInResponse:
+    """A DeploymentResponseGenerator: async-iterable, and `cancel()`able."""
+
+    def __init__(self, items, fail: BaseException | None = None, cancel_fails: BaseException | None = None,
+                 hold: asyncio.Event | None = None):
+        self.items, self.fail, self.cancel_fails, self.hold = list(items), fail, cancel_fails, hold
+        self.cancelled = 0
+        self.yielded = 0
+
+    def __aiter__(self):
+        return self._items()
+
+    async def _items(self):
+        for item in self.items:
+            self.yielded += 1
+            yield item
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail is not None:
+            raise self.fail
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+        if self.cancel_fails is not None:
+            raise self.cancel_fails
+
+
+class _Method:
+    def __init__(self, handle: StandInHandle, name: str):
+        self.handle, self.name = handle, name
+
+    def remote(self, *args):
+        self.handle.calls.append((self.name, args))
+        if self.name == "generate_remote":
+            return self.handle.response
+        outcome = self.handle.answers[self.name]
+
+        async def answer():
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        return answer()
+
+
+class StandInHandle:
+    """The parts of a DeploymentHandle that HandleBackend uses: `options(stream=True)` and `.<method>.remote()`."""
+
+    def __init__(self, response: StandInResponse | None = None, **answers):
+        self.response, self.answers = response, answers
+        self.calls: list[tuple[str, tuple]] = []
+        self.options_seen: list[dict] = []
+
+    def options(self, **options):
+        self.options_seen.append(options)
+        return self
+
+    def __getattr__(self, name: str) -> _Method:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _Method(self, name)
+
+
+ITEMS = [Admitted(prompt_tokens=3), GenerationDelta(choices=(ChoiceDelta(index=0, text="Hi", num_tokens=1),))]
+
+
+async def test_generate_passes_items_through_and_cancels_when_done():
+    handle = StandInHandle(StandInResponse(ITEMS))
+    backend = HandleBackend(handle)
+    request = make_request("hello")
+    assert [item async for item in backend.generate(request)] == ITEMS
+    assert handle.options_seen == [{"stream": True}]
+    assert handle.calls == [("generate_remote", (request,))]
+    assert handle.response.cancelled == 1  # a no-op on a finished stream, but always called
+
+
+async def test_a_refused_value_raises_its_error():
+    refusal = QueueFull("at capacity", retry_after_s=7)
+    handle = StandInHandle(StandInResponse([Refused(refusal), *ITEMS]))
+    with pytest.raises(QueueFull) as raised:
+        async for _ in HandleBackend(handle).generate(make_request("hello")):
+            pass
+    assert raised.value is refusal and raised.value.retry_after_s == 7
+    assert handle.response.yielded == 1  # nothing after the refusal was read
+    assert handle.response.cancelled == 1
+
+
+@pytest.mark.parametrize("fail, expected", [
+    (wrapped(InvalidRequest("schema", param="response_format")), InvalidRequest),
+    (BackPressureError(num_queued_requests=1, max_queued_requests=1), QueueFull),
+    (ActorDiedError(), ServiceUnavailable),
+    (TaskCancelledError(), ServiceUnavailable),
+], ids=["replica-raised", "back-pressure", "replica-died", "cancelled-under-us"])
+async def test_stream_failures_are_translated_and_the_stream_cancelled(fail, expected):
+    handle = StandInHandle(StandInResponse(ITEMS, fail=fail))
+    seen = []
+    with pytest.raises(expected) as raised:
+        async for item in HandleBackend(handle).generate(make_request("hello")):
+            seen.append(item)
+    assert seen == ITEMS  # what came before the failure got through
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__  # no Ray traceback chained on
+    assert handle.response.cancelled == 1
+
+
+async def test_a_caller_that_stops_reading_cancels_the_remote_stream():
+    handle = StandInHandle(StandInResponse(ITEMS))
+    stream = HandleBackend(handle).generate(make_request("hello"))
+    assert await anext(stream) == ITEMS[0]
+    await stream.aclose()
+    assert handle.response.cancelled == 1  # so the replica's generator sees CancelledError and aborts
+
+
+async def test_a_cancelled_caller_cancels_the_remote_stream_and_stays_cancelled():
+    hold = asyncio.Event()  # the replica is still generating
+    handle = StandInHandle(StandInResponse(ITEMS, hold=hold))
+    reading = asyncio.Event()
+
+    async def consume():
+        async for _ in HandleBackend(handle).generate(make_request("hello")):
+            if handle.response.yielded == len(ITEMS):
+                reading.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(reading.wait(), 5)  # it has read everything there is and waits for more
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handle.response.cancelled == 1
+
+
+async def test_a_failing_cancel_does_not_hide_the_answer():
+    """cancel() re-raises a failed assignment (BackPressureError), which the stream already answered."""
+    back_pressure = BackPressureError(num_queued_requests=1, max_queued_requests=1)
+    handle = StandInHandle(StandInResponse([], fail=back_pressure, cancel_fails=back_pressure))
+    with pytest.raises(QueueFull):
+        async for _ in HandleBackend(handle).generate(make_request("hello")):
+            pass
+    finished = StandInHandle(StandInResponse(ITEMS, cancel_fails=RuntimeError("already finished")))
+    assert [item async for item in HandleBackend(finished).generate(make_request("hello"))] == ITEMS
+
+
+async def test_plain_calls_return_the_replicas_answers():
+    stats = object()
+    handle = StandInHandle(tokenize=[1, 2, 3], detokenize="abc", check_health=None, check_ready=None, stats=stats)
+    backend = HandleBackend(handle)
+    prompt = PromptInput(text="abc")
+    assert await backend.tokenize(prompt) == [1, 2, 3]
+    assert await backend.detokenize([1, 2, 3]) == "abc"
+    assert await backend.check_health() is None
+    assert await backend.check_ready() is None
+    assert await backend.stats() is stats
+    assert handle.calls == [("tokenize", (prompt,)), ("detokenize", ([1, 2, 3],)), ("check_health", ()),
+                            ("check_ready", ()), ("stats", ())]
+
+
+@pytest.mark.parametrize("method, args", [("tokenize", (PromptInput(text="x"),)), ("detokenize", ([1],)),
+                                          ("check_health", ()), ("check_ready", ()), ("stats", ())])
+async def test_plain_call_failures_are_translated(method, args):
+    starting = ServiceUnavailable("the engine is starting", retry_after_s=5)
+    for fail, expected in ((wrapped(starting), starting), (ActorUnavailableError("gone", None), ServiceUnavailable)):
+        backend = HandleBackend(StandInHandle(**{method: fail}))
+        with pytest.raises(ServiceUnavailable) as raised:
+            await getattr(backend, method)(*args)
+        if isinstance(expected, BaseException):
+            assert raised.value is expected
+        assert raised.value.__cause__ is None
+    backend = HandleBackend(StandInHandle(**{method: ValueError("a bug")}))
+    with pytest.raises(ValueError, match="a bug"):
+        await getattr(backend, method)(*args)

@@ -1,0 +1,169 @@
+"""`app/responses.py`: neutral engine output to OpenAI objects (stream chunks, the final body, usage,
+logprobs and their offsets, echo), with no HTTP and no engine."""
+
+from __future__ import annotations
+
+from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
+from app.responses import ChatShape, CompletionShape, Responder
+
+CREATED = 1_700_000_000
+
+
+def delta(*choices: ChoiceDelta) -> GenerationDelta:
+    return GenerationDelta(choices=choices)
+
+
+def lp(token: str, logprob: float, *top: tuple[str, float]) -> TokenLogprob:
+    return TokenLogprob(token=token, logprob=logprob, top=top)
+
+
+def chat(n: int = 1, include_usage: bool = False) -> Responder:
+    return Responder(request_id="chatcmpl-1", model="m", shape=ChatShape(), n=n, include_usage=include_usage,
+                     created=CREATED)
+
+
+def completion(echo: str | None = None, n: int = 1) -> Responder:
+    return Responder(request_id="cmpl-1", model="m", shape=CompletionShape(echo_text=echo), n=n, created=CREATED)
+
+
+async def stream_of(*deltas: GenerationDelta):
+    for d in deltas:
+        yield d
+
+
+# -- chat ----------------------------------------------------------------------------------------
+
+def test_chat_chunks_name_the_role_once_per_choice():
+    r = chat()
+    r.admitted(Admitted(prompt_tokens=5))
+    first = r.chunk(delta(ChoiceDelta(index=0, text="Hel", num_tokens=1)))
+    assert first == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
+                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "logprobs": None,
+                                  "finish_reason": None}]}
+    last = r.chunk(delta(ChoiceDelta(index=0, text="lo", num_tokens=1, finish_reason="stop")))
+    assert last["choices"] == [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": "stop"}]
+    assert "usage" not in first and "usage" not in last  # only asked for with include_usage
+
+
+def test_chat_chunks_of_several_choices_each_start_with_the_role():
+    r = chat(n=2)
+    one = r.chunk(delta(ChoiceDelta(index=0, text="a", num_tokens=1)))
+    two = r.chunk(delta(ChoiceDelta(index=0, text="b", num_tokens=1), ChoiceDelta(index=1, text="x", num_tokens=1)))
+    assert [c["delta"] for c in one["choices"]] == [{"role": "assistant", "content": "a"}]
+    assert [c["delta"] for c in two["choices"]] == [{"content": "b"}, {"role": "assistant", "content": "x"}]
+
+
+def test_chat_include_usage_sets_null_usage_on_chunks_then_a_usage_chunk():
+    r = chat(include_usage=True)
+    r.admitted(Admitted(prompt_tokens=4))
+    chunk = r.chunk(delta(ChoiceDelta(index=0, text="Hi", num_tokens=2, finish_reason="length")))
+    assert chunk["usage"] is None
+    assert r.usage_chunk() == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
+                               "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+
+
+def test_chat_full_body_accumulates_text_tokens_and_finish():
+    r = chat(n=2)
+    r.admitted(Admitted(prompt_tokens=3))
+    for d in (delta(ChoiceDelta(index=0, text="Par", num_tokens=1), ChoiceDelta(index=1, text="Lon", num_tokens=1)),
+              delta(ChoiceDelta(index=0, text="is", num_tokens=1, finish_reason="stop")),
+              delta(ChoiceDelta(index=1, text="don", num_tokens=2, finish_reason="length"))):
+        r.chunk(d)
+    assert r.full() == {
+        "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "logprobs": None,
+             "finish_reason": "stop"},
+            {"index": 1, "message": {"role": "assistant", "content": "London"}, "logprobs": None,
+             "finish_reason": "length"},
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+    }
+
+
+def test_chat_logprobs_with_utf8_bytes_in_chunks_and_body():
+    r = chat()
+    first = r.chunk(delta(ChoiceDelta(index=0, text="é", num_tokens=1,
+                                      logprobs=(lp("é", -0.5, ("é", -0.5), ("e", -1.0)),))))
+    r.chunk(delta(ChoiceDelta(index=0, text="!", num_tokens=1, finish_reason="stop", logprobs=(lp("!", -0.25),))))
+    entry = {"token": "é", "logprob": -0.5, "bytes": [0xC3, 0xA9],
+             "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [0xC3, 0xA9]},
+                              {"token": "e", "logprob": -1.0, "bytes": [0x65]}]}
+    assert first["choices"][0]["logprobs"] == {"content": [entry]}
+    body = r.full()["choices"][0]["logprobs"]
+    assert body == {"content": [entry, {"token": "!", "logprob": -0.25, "bytes": [0x21], "top_logprobs": []}]}
+
+
+async def test_collect_builds_the_same_body_as_chunks_do():
+    deltas = (delta(ChoiceDelta(index=0, text="a", num_tokens=1, logprobs=(lp("a", -1.0),))),
+              delta(ChoiceDelta(index=0, text="b", num_tokens=1, finish_reason="stop", logprobs=(lp("b", -2.0),))))
+    streamed = chat()
+    for d in deltas:
+        streamed.chunk(d)
+    collected = chat()
+    assert await collected.collect(stream_of(*deltas)) == streamed.full()
+    assert collected.full()["choices"][0]["message"]["content"] == "ab"
+    assert collected.usage()["completion_tokens"] == 2
+
+
+def test_a_choice_that_produced_nothing_is_empty_and_unfinished():
+    r = chat(n=2)
+    r.chunk(delta(ChoiceDelta(index=1, text="x", num_tokens=1, finish_reason="stop")))
+    choices = r.full()["choices"]
+    assert choices[0]["message"]["content"] == "" and choices[0]["finish_reason"] is None
+    assert choices[1]["message"]["content"] == "x"
+
+
+def test_usage_before_admission_counts_no_prompt():
+    assert chat().usage() == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+# -- completions ---------------------------------------------------------------------------------
+
+def test_completion_chunks_and_body_shape():
+    r = completion()
+    r.admitted(Admitted(prompt_tokens=2))
+    chunk = r.chunk(delta(ChoiceDelta(index=0, text=" Paris", num_tokens=1, finish_reason="length")))
+    assert chunk == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
+                     "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}]}
+    assert r.full() == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
+                        "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}
+
+
+def test_completion_echo_prefixes_the_first_chunk_and_the_body_only():
+    r = completion(echo="Q: ")
+    chunks = [r.chunk(delta(ChoiceDelta(index=0, text=t, num_tokens=1))) for t in ("A", "B")]
+    assert [c["choices"][0]["text"] for c in chunks] == ["Q: A", "B"]
+    assert r.full()["choices"][0]["text"] == "Q: AB"
+
+
+def test_completion_logprobs_offsets_count_from_the_whole_text_across_chunks():
+    r = completion(echo="Hi ")
+    a = r.chunk(delta(ChoiceDelta(index=0, text="ab", num_tokens=2,
+                                  logprobs=(lp("a", -0.1, ("a", -0.1), ("b", -3.0)), lp("b", -0.2)))))
+    c = r.chunk(delta(ChoiceDelta(index=0, text="cd", num_tokens=1, finish_reason="stop", logprobs=(lp("cd", -0.3),))))
+    assert a["choices"][0]["logprobs"] == {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2],
+                                           "top_logprobs": [{"a": -0.1, "b": -3.0}, {}], "text_offset": [3, 4]}
+    assert c["choices"][0]["logprobs"]["text_offset"] == [5]  # after the echo and the first chunk's text
+    body = r.full()["choices"][0]
+    assert body["text"] == "Hi abcd"
+    assert body["logprobs"] == {"tokens": ["a", "b", "cd"], "token_logprobs": [-0.1, -0.2, -0.3],
+                                "top_logprobs": [{"a": -0.1, "b": -3.0}, {}, {}], "text_offset": [3, 4, 5]}
+    for token, offset in zip(body["logprobs"]["tokens"], body["logprobs"]["text_offset"], strict=True):
+        assert body["text"][offset:offset + len(token)] == token  # each offset indexes the text the client gets
+
+
+def test_completion_offsets_are_per_choice():
+    r = completion(n=2)
+    r.chunk(delta(ChoiceDelta(index=0, text="xyz", num_tokens=1, logprobs=(lp("xyz", -1.0),))))
+    other = r.chunk(delta(ChoiceDelta(index=1, text="q", num_tokens=1, logprobs=(lp("q", -1.0),))))
+    again = r.chunk(delta(ChoiceDelta(index=0, text="w", num_tokens=1, logprobs=(lp("w", -1.0),))))
+    assert other["choices"][0]["logprobs"]["text_offset"] == [0]  # choice 1 starts at its own beginning
+    assert again["choices"][0]["logprobs"]["text_offset"] == [3]
+
+
+def test_completion_without_echo_offsets_start_at_zero():
+    r = completion()
+    r.chunk(delta(ChoiceDelta(index=0, text="ok", num_tokens=1, logprobs=(lp("ok", -0.5),))))
+    assert r.full()["choices"][0]["logprobs"]["text_offset"] == [0]

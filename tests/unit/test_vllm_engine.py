@@ -1,0 +1,240 @@
+"""`VLLMEngine`'s conversions, without starting an engine: neutral parameters to vLLM's `SamplingParams`,
+vLLM's per-choice output (`CompletionOutput`, built here with vLLM's own classes and logprob builders)
+to the neutral `ChoiceDelta`, and `generate` around a stand-in for `AsyncLLM`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from vllm import SamplingParams
+from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
+from vllm.outputs import CompletionOutput
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from app import vllm_engine
+from app.engine import EngineDead, EngineFailed, EngineRejected, GenerationParams
+from app.vllm_engine import _choice_delta, _finite, _logprobs, _sampling_params
+
+EOS = 2  # a token id standing for end-of-sequence
+
+
+# -- parameters --------------------------------------------------------------------------------
+
+def test_sampling_params_carry_every_neutral_field():
+    params = GenerationParams(max_tokens=7, n=3, temperature=0.5, top_p=0.9, stop=("a", "bc"), seed=11,
+                              presence_penalty=0.25, frequency_penalty=-0.5, logprobs=2, ignore_eos=True)
+    sp = _sampling_params(params)
+    assert isinstance(sp, SamplingParams)
+    assert (sp.n, sp.max_tokens, sp.temperature, sp.top_p, sp.seed) == (3, 7, 0.5, 0.9, 11)
+    assert sp.stop == ["a", "bc"]
+    assert (sp.presence_penalty, sp.frequency_penalty) == (0.25, -0.5)
+    assert sp.logprobs == 2 and sp.ignore_eos is True
+    assert sp.structured_outputs is None
+    assert sp.output_kind == RequestOutputKind.DELTA  # the host streams deltas, never the text so far
+
+
+def test_sampling_params_defaults_leave_vllm_defaults():
+    sp = _sampling_params(GenerationParams(max_tokens=4))
+    assert sp.stop == [] and sp.seed is None and sp.logprobs is None and sp.ignore_eos is False
+    assert sp.n == 1 and sp.temperature == 1.0 and sp.top_p == 1.0
+
+
+def test_sampling_params_structured_output():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    by_schema = _sampling_params(GenerationParams(max_tokens=4, json_schema=schema)).structured_outputs
+    assert by_schema is not None and by_schema.json == schema and not by_schema.json_object
+    any_object = _sampling_params(GenerationParams(max_tokens=4, json_object=True)).structured_outputs
+    assert any_object is not None and any_object.json_object is True and any_object.json is None
+    # a schema wins over json_object (the protocol sends one or the other; the schema is the stricter)
+    both = _sampling_params(GenerationParams(max_tokens=4, json_schema=schema, json_object=True)).structured_outputs
+    assert both.json == schema
+
+
+# -- logprobs ----------------------------------------------------------------------------------
+
+def test_finite_clamps_minus_infinity_only():
+    assert _finite(-math.inf) == -9999.0
+    assert _finite(-12345.0) == -9999.0
+    assert _finite(-1.5) == -1.5
+    assert _finite(0.0) == 0.0
+
+
+def _output(steps, finish_reason=None, stop_reason=None, flat=False, index=0) -> CompletionOutput:
+    """A CompletionOutput whose logprobs vLLM's own builder filled: `steps` are (sampled id, its rank,
+    [(id, logprob, text)] ranked from the top) per position."""
+    logprobs = create_sample_logprobs(flat)
+    token_ids = []
+    for sampled, rank, ranked in steps:
+        ids = [sampled] + [i for i, _, _ in ranked]
+        values = {i: (lp, text) for i, lp, text in ranked}
+        lps = [values[i][0] for i in ids]
+        texts = [values[i][1] for i in ids]
+        append_logprobs_for_next_position(logprobs, ids, lps, texts, rank, len(ranked))
+        token_ids.append(sampled)
+    text = "".join(dict((i, t) for i, _, t in ranked)[s] for s, _, ranked in steps)
+    return CompletionOutput(index=index, text=text, token_ids=token_ids, cumulative_logprob=None,
+                            logprobs=logprobs, finish_reason=finish_reason, stop_reason=stop_reason)
+
+
+HELLO = (10, 1, [(10, -0.1, "Hel"), (11, -2.5, "He"), (12, -3.0, "H")])
+WORLD = (20, 2, [(21, -0.4, " there"), (20, -1.2, " world"), (22, -math.inf, " masked")])
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["list-of-dicts", "flat"])
+def test_logprobs_chosen_token_and_top_k_by_rank(flat):
+    out = _logprobs(_output([HELLO, WORLD], flat=flat), top_k=2)
+    assert [lp.token for lp in out] == ["Hel", " world"]  # the sampled token, even when it is not the top one
+    assert [lp.logprob for lp in out] == [-0.1, -1.2]
+    assert out[0].top == (("Hel", -0.1), ("He", -2.5))
+    assert out[1].top == ((" there", -0.4), (" world", -1.2))  # ranked, cut to top_k
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["list-of-dicts", "flat"])
+def test_logprobs_never_carry_minus_infinity(flat):
+    out = _logprobs(_output([WORLD], flat=flat), top_k=3)
+    assert out[0].top[-1] == (" masked", -9999.0)
+    assert all(math.isfinite(v) for lp in out for _, v in (*lp.top, (lp.token, lp.logprob)))
+
+
+def test_logprobs_leave_out_the_end_of_sequence_token():
+    eos = (EOS, 1, [(EOS, -0.01, "")])
+    out = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=None), top_k=1)
+    assert [lp.token for lp in out] == ["Hel"]  # the tokens spell the text, which has no EOS in it
+    by_stop_token = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), top_k=1)
+    assert [lp.token for lp in by_stop_token] == ["Hel"]
+
+
+def test_logprobs_keep_the_last_token_when_a_stop_string_or_the_length_ended_it():
+    by_string = _logprobs(_output([HELLO, WORLD], finish_reason="stop", stop_reason="wor"), top_k=1)
+    assert [lp.token for lp in by_string] == ["Hel", " world"]
+    by_length = _logprobs(_output([HELLO, WORLD], finish_reason="length"), top_k=1)
+    assert [lp.token for lp in by_length] == ["Hel", " world"]
+
+
+def test_logprobs_of_an_output_without_any():
+    bare = CompletionOutput(index=0, text="x", token_ids=[5], cumulative_logprob=None, logprobs=None)
+    assert _logprobs(bare, top_k=2) == ()
+
+
+# -- finish reasons ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vllm_reason, ours", [(None, None), ("stop", "stop"), ("length", "length"),
+                                               ("repetition", "stop")])
+def test_choice_delta_normal_finish_reasons(vllm_reason, ours):
+    out = CompletionOutput(index=1, text="ab", token_ids=[3, 4], cumulative_logprob=None, logprobs=None,
+                           finish_reason=vllm_reason, stop_reason="x" if vllm_reason == "stop" else None)
+    delta = _choice_delta(out, logprobs=None)
+    assert (delta.index, delta.text, delta.num_tokens, delta.finish_reason, delta.logprobs) == (1, "ab", 2, ours, None)
+
+
+@pytest.mark.parametrize("vllm_reason", ["abort", "error"])
+def test_choice_delta_abort_and_error_are_failures_not_stop(vllm_reason):
+    out = CompletionOutput(index=0, text="cut sh", token_ids=[1, 2], cumulative_logprob=None, logprobs=None,
+                           finish_reason=vllm_reason)
+    with pytest.raises(EngineFailed, match=f"choice 0 with finish reason '{vllm_reason}'"):
+        _choice_delta(out, logprobs=None)
+
+
+def test_choice_delta_with_logprobs():
+    delta = _choice_delta(_output([HELLO], finish_reason="length"), logprobs=1)
+    assert delta.finish_reason == "length" and delta.num_tokens == 1
+    assert [(lp.token, lp.logprob, lp.top) for lp in delta.logprobs] == [("Hel", -0.1, (("Hel", -0.1),))]
+
+
+# -- generate around a stand-in for AsyncLLM ---------------------------------------------------
+
+class _Request:
+    def __init__(self, outputs):
+        self.outputs = outputs
+
+
+class StandInLLM:
+    """What `VLLMEngine.generate` uses of `AsyncLLM`: `generate` (an async generator of request outputs),
+    `abort` and `errored`."""
+
+    def __init__(self, outputs=(), fail: BaseException | None = None, cause: BaseException | None = None,
+                 errored: bool = False):
+        self.outputs, self.fail, self.cause, self.errored = list(outputs), fail, cause, errored
+        self.aborted: list[str] = []
+        self.sampling: SamplingParams | None = None
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    async def generate(self, prompt, sampling, request_id):
+        self.sampling = sampling
+        for choices in self.outputs:
+            yield _Request(choices)
+        if self.fail is not None:
+            raise self.fail from self.cause
+
+
+@pytest.fixture
+def engine(model_config):
+    engine = vllm_engine.VLLMEngine(model_config)
+    yield engine
+    engine._llm = None  # nothing to shut down
+
+
+async def _run(engine, params=None):
+    return [d async for d in engine.generate("r1", [1, 2, 3], params or GenerationParams(max_tokens=4))]
+
+
+def _plain(text, tokens, finish=None, index=0):
+    return CompletionOutput(index=index, text=text, token_ids=tokens, cumulative_logprob=None, logprobs=None,
+                            finish_reason=finish, stop_reason="." if finish == "stop" else None)
+
+
+async def test_generate_yields_one_delta_per_request_output(engine):
+    engine._llm = llm = StandInLLM([[_plain("Hi", [7], index=0), _plain("Yo", [8], index=1)],
+                                    [_plain(" you", [9], "length", index=0), _plain(".", [10], "stop", index=1)]])
+    deltas = await _run(engine, GenerationParams(max_tokens=2, n=2))
+    assert [[(c.index, c.text, c.finish_reason) for c in d.choices] for d in deltas] == [
+        [(0, "Hi", None), (1, "Yo", None)], [(0, " you", "length"), (1, ".", "stop")]]
+    assert llm.sampling.n == 2 and llm.aborted == []
+
+
+async def test_generate_raises_engine_failed_for_an_aborted_choice(engine):
+    engine._llm = StandInLLM([[_plain("The", [5])], [_plain(" end", [6], "abort")]])
+    seen = []
+    with pytest.raises(EngineFailed):
+        async for delta in engine.generate("r1", [1], GenerationParams(max_tokens=8)):
+            seen.append(delta)
+    assert [c.text for d in seen for c in d.choices] == ["The"]  # what came before, then the failure
+
+
+async def test_generate_refuses_parameters_vllm_refuses(engine):
+    engine._llm = llm = StandInLLM([[_plain("x", [1], "stop")]])
+    with pytest.raises(EngineRejected):
+        await _run(engine, GenerationParams(max_tokens=4, top_p=0.0))  # vLLM wants 0 < top_p <= 1
+    assert llm.sampling is None  # refused before the engine saw it
+
+
+async def test_generate_dead_engine_is_engine_dead(engine):
+    engine._llm = StandInLLM([[_plain("x", [1])]], fail=EngineDeadError())
+    with pytest.raises(EngineDead):
+        await _run(engine)
+
+
+async def test_not_started_is_engine_dead(engine):
+    with pytest.raises(EngineDead, match="not started"):
+        await _run(engine)
+
+
+@pytest.mark.parametrize("cause,errored,expected", [
+    (UnicodeEncodeError("utf-8", "\udfff", 0, 1, "surrogates not allowed"), False, EngineRejected),
+    (KeyError("internal"), False, RuntimeError),
+    (UnicodeEncodeError("utf-8", "\udfff", 0, 1, "surrogates not allowed"), True, EngineDead),
+], ids=["client-cause", "server-cause", "engine-errored"])
+async def test_per_request_failure_is_not_engine_death(engine, cause, errored, expected):
+    """vLLM wraps any unexpected per-request failure in EngineGenerateError ("possibly recoverable"); a
+    lone surrogate in a stop string is one (msgpack cannot encode it). It was mapped to EngineDead, so one
+    such request got the replica's engine declared dead and replaced; and vLLM had already registered the
+    request without ever aborting it, so it counted as running forever."""
+    engine._llm = llm = StandInLLM(fail=EngineGenerateError(), cause=cause, errored=errored)
+    with pytest.raises((EngineRejected, EngineDead, RuntimeError)) as raised:
+        await _run(engine, GenerationParams(max_tokens=2, stop=("\udfff",)))
+    assert type(raised.value) is expected, raised.value
+    assert llm.aborted == ([] if errored else ["r1"])  # a live engine forgets the request

@@ -82,6 +82,13 @@ class Admission:
         return min(60.0, max(1.0, self._mean_run_s * rounds))
 
     def reserve(self) -> Ticket:
+        self.refuse_if_full()
+        self._in_system += 1
+        return Ticket(self)
+
+    def refuse_if_full(self) -> None:
+        """Raises the refusal `reserve` would, without reserving anything: for work done before a slot is
+        taken (tokenizing), so that a full replica still refuses before that work."""
         if self._closed_reason:
             raise ServiceUnavailable(self._closed_reason, retry_after_s=5)
         if self._in_system >= self.max_running + self.max_queued:
@@ -91,8 +98,6 @@ class Admission:
                 "retry after the Retry-After delay, with backoff",
                 retry_after_s=self.retry_after_s(),
             )
-        self._in_system += 1
-        return Ticket(self)
 
     def _fits(self, tokens: int) -> bool:
         if self._running >= self.max_running:

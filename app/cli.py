@@ -19,11 +19,13 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, load_config
+from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, ServiceConfig, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu.yaml"
 APP_NAME = "llm"
+PROXY_TIMEOUT_MARGIN_S = 5.0
 log = logging.getLogger("app.cli")
 
 
@@ -142,6 +144,18 @@ def start_ray(own_ray: bool) -> None:
         ray.init(logging_level=logging.WARNING)
 
 
+def proxy_http_options(service: ServiceConfig) -> dict[str, Any]:
+    """Serve's proxy gets the clocks Ray lets us set: the keep-alive idle time, and an overall request
+    timeout a little past ours, so the service's own 504 or error event normally comes first. Header, body
+    and write-stall clocks cannot be set on it; docs/configuration.md says what to put in front."""
+    return {
+        "host": service.host,
+        "port": service.port,
+        "keep_alive_timeout_s": service.keep_alive_timeout_s,
+        "request_timeout_s": service.request_timeout_s + PROXY_TIMEOUT_MARGIN_S,
+    }
+
+
 def deploy(config: AppConfig, listen: bool) -> bool:
     """Starts Serve (with no HTTP proxy when a replica listens itself) and deploys the app, not waiting
     for it to be ready; False (after saying why) when the deployment fails."""
@@ -152,7 +166,7 @@ def deploy(config: AppConfig, listen: bool) -> bool:
     if listen:
         serve.start(proxy_location="Disabled")
     else:
-        serve.start(http_options={"host": config.service.host, "port": config.service.port})
+        serve.start(http_options=proxy_http_options(config.service))
     try:
         serve.run(build_from_config(config, listen=listen), name=APP_NAME, route_prefix="/", blocking=False)
     except RuntimeError as err:

@@ -7,15 +7,16 @@ errors into one message an operator can act on.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, from_environment, is_digest
+from app.api_keys import resolve as resolve_keys
 
 DEFAULT_MODEL_SOURCE = "default"
-API_KEYS_ENV = "APP_API_KEYS"
 
 
 class ConfigError(ValueError):
@@ -152,15 +153,55 @@ class ServiceConfig(_Strict):
     host: str = Field("127.0.0.1", description="Address the HTTP server binds. 0.0.0.0 exposes it to the network.")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
     api_keys: tuple[str, ...] = Field(
-        (), description=f"Accepted bearer keys; more can come from ${API_KEYS_ENV} (comma-separated). Empty: no auth."
+        (),
+        description=f"Accepted bearer keys, each plain or as `sha256:<64 hex digits>` (the file then holds no "
+        f"secret); more can come from ${API_KEYS_ENV} (comma-separated) where the app is built. Empty: no auth.",
+    )
+    without_api_keys: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="With no API key, and the service reachable beyond loopback (service.host, or a Ray node with "
+        "a network address): 'refuse' to start, or 'warn' loudly and serve everyone.",
     )
     refusal_status: Literal[429, 503] = Field(429, description="Status for 'queue full' refusals.")
     request_timeout_s: float = Field(
         600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream)."
     )
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body; larger is a 413.")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Time a request's headers may take to arrive, from its first byte (or from "
+        "connect); slower is a 408 and the connection is closed. On the replica's own listener.",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Time a request's body may take to arrive after its headers; slower closes the "
+        "connection. On the replica's own listener.",
+    )
+    keep_alive_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="An idle keep-alive connection is closed after this long (the replica's own "
+        "listener and Serve's proxy).",
+    )
+    write_stall_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A client that accepts no bytes of its response for this long is cut off: its "
+        "engine request is aborted and its slot and tokens freed. On the replica's own listener.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open connections per listening replica; beyond it a new connection is reset at "
+        "once, before any parsing or buffering.",
+    )
     max_header_bytes: int = Field(
-        16_384, ge=1024, description="Largest total size of the request's headers; larger is a 431."
+        16_384,
+        ge=1024,
+        description="Largest total size of the request's headers; larger is a 431, refused as "
+        "the bytes arrive (before the block is buffered whole) on the replica's own listener.",
     )
     drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
@@ -171,6 +212,17 @@ class ServiceConfig(_Strict):
         description="With a single model, serve HTTP from the engine replicas themselves: no Ray hop per token "
         "between ingress and engine. With several models (or false) a separate ingress deployment routes by `model`.",
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for key in keys:
+            if key.startswith(DIGEST_PREFIX) and not is_digest(key):
+                raise ValueError(
+                    f"'{key[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
+                    "digits (python -c \"import hashlib;print(hashlib.sha256(b'KEY').hexdigest())\")"
+                )
+        return keys
 
 
 class AppConfig(_Strict):
@@ -191,8 +243,14 @@ class AppConfig(_Strict):
         return next((m for m in self.models if m.id == model_id), None)
 
     def api_keys(self) -> frozenset[str]:
-        from_env = [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()]
-        return frozenset((*self.service.api_keys, *from_env))
+        """The config's keys and this process's ${APP_API_KEYS}, as given (plain or digests)."""
+        return frozenset((*self.service.api_keys, *from_environment()))
+
+    def with_resolved_keys(self) -> AppConfig:
+        """This config with every key (the file's and this process's environment's) as a digest in
+        `service.api_keys`: what the replicas are deployed with, wherever their own environment lacks."""
+        service = self.service.model_copy(update={"api_keys": resolve_keys(self.service.api_keys)})
+        return self.model_copy(update={"service": service})
 
 
 def _describe(err: ValidationError) -> str:

@@ -137,6 +137,12 @@ class Engine(Protocol):
         """How many tokens the KV cache holds; known after `start()`."""
         ...
 
+    @property
+    def max_token_chars(self) -> int:
+        """The longest token of the vocabulary in characters (known after `start()`): any text has at least
+        len(text) / max_token_chars tokens, so a prompt certainly over a limit is refused without tokenizing."""
+        ...
+
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Apply the chat template (with the generation prompt) and tokenize."""
         ...

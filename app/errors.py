@@ -83,6 +83,14 @@ class HeadersTooLarge(ServiceError):
     code = "headers_too_large"
 
 
+class ClientTimeout(ServiceError):
+    """The client was too slow to send its request (headers or body)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "client_timeout"
+
+
 class QueueFull(ServiceError):
     """Refused at once: the replica's queue is full. Status is 429 unless configured to 503."""
 

@@ -105,6 +105,10 @@ class FakeEngine:
     def kv_cache_tokens(self) -> int:
         return self._kv_cache_tokens
 
+    @property
+    def max_token_chars(self) -> int:
+        return 1  # one token per UTF-8 byte, and a character is at least one byte
+
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
         return self.encode(text)

@@ -11,7 +11,6 @@ path pays for no extra task.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 import uuid
@@ -20,10 +19,12 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api_keys import ApiKeys
 from app.config import AppConfig
 from app.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceError,
     ServiceUnavailable,
     Unauthorized,
@@ -46,7 +47,12 @@ KNOWN_ENDPOINTS = frozenset(
         "/metrics",
     }
 )
-GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Refused before the body is read when every model is at capacity: generation, and tokenizing (which costs
+# the same tokenizer thread).
+CAPACITY_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+# Past the request's own time limit (the host's 504 or error event comes first), a request whose client stopped
+# reading is ended here, wherever it is blocked, and its engine request aborted.
+DEADLINE_MARGIN_S = 2.0
 QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
 access_log = logging.getLogger("app.access")
 
@@ -125,8 +131,9 @@ class Gate:
     def __init__(
         self,
         app: ASGIApp,
-        keys: list[bytes],
+        keys: ApiKeys,
         max_body_bytes: int,
+        request_timeout_s: float,
         max_header_bytes: int,
         lifecycle: Lifecycle,
         echo_request_id: bool,
@@ -140,12 +147,14 @@ class Gate:
         self.echo_request_id = echo_request_id
         self.keys = keys
         self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
         self.lifecycle = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", ()))
+        path = route_path(scope)
         request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
@@ -166,22 +175,18 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        if (
-            self.keys
-            and scope["path"] not in OPEN_PATHS
-            and not authorized(headers.get(b"authorization", b""), self.keys)
-        ):
+        if self.keys and path not in OPEN_PATHS and not self.keys.accept(headers.get(b"authorization", b"")):
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
         if header_bytes > self.max_header_bytes:
             return await refuse(
                 HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}")
             )
-        if self.lifecycle.draining and scope["path"] != "/livez":
+        if self.lifecycle.draining and path != "/livez":
             return await refuse(
                 ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
             )
-        if scope["path"] in GENERATION_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
+        if path in CAPACITY_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
             return await refuse(full)  # before reading or parsing the body: under overload most requests end here
         too_large = PayloadTooLarge(
             f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
@@ -202,14 +207,22 @@ class Gate:
 
         self.lifecycle.enter()
         try:
-            return await self.app(scope, limited_receive, send_with_id)
+            async with asyncio.timeout(self.request_timeout_s + DEADLINE_MARGIN_S):
+                await self.app(scope, limited_receive, send_with_id)
+        except TimeoutError:
+            if status == 0:  # nothing sent yet: the client still gets an answer
+                await error_response(RequestTimeout("The request ran past its time limit and was stopped"))(
+                    scope, receive, send_with_id
+                )
+            else:  # blocked writing to a client that does not read; the connection is closed after this
+                access_log.warning("request %s cut off past its time limit while writing its response", request_id)
         finally:
             self.lifecycle.leave()
             self._record(scope, status, started)
 
     def _record(self, scope: Scope, status: int, started: float) -> None:
         """One metric sample and one access-log line per request, when it ends."""
-        path = scope["path"]
+        path = route_path(scope)
         endpoint = path if path in KNOWN_ENDPOINTS else "other"
         model = scope["state"].get("model", "-")
         self.metrics.requests.labels(model, endpoint, str(status)).inc()
@@ -227,13 +240,10 @@ class Gate:
             )
 
 
-def authorized(header: bytes, keys: list[bytes]) -> bool:
-    """Whether an Authorization header carries one of `keys` as a bearer token (constant time per key)."""
-    scheme, _, token = header.partition(b" ")
-    if scheme.lower() != b"bearer" or not token:
-        return False
-    presented = token.strip()
-    matched = False
-    for key in keys:  # compare against every key so timing says nothing about which matched
-        matched |= hmac.compare_digest(presented, key)
-    return matched
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: behind a Serve `route_prefix` (or any root path) `scope["path"]` still
+    carries the prefix, and `/llm/health` must be matched as `/health`."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        return str(path[len(root) :]) or "/"
+    return str(path)

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -44,7 +44,35 @@ from app.logs import configure_logging
 
 # The logger of the one line per engine request; its name predates this module's and log queries rely on it.
 log = logging.getLogger("app.server")
+# An abort that has not completed by then is logged and left to run: the engine is wedged (issue of its own).
+ABORT_TIMEOUT_S = 30.0
 _T = TypeVar("_T")
+
+
+async def _to_completion(work: Awaitable[None], timeout_s: float) -> None:
+    """Awaits `work` to its end even if the caller is cancelled meanwhile, then re-raises the cancellation.
+
+    An engine abort runs in `finally` blocks that a client's disconnect reaches as a cancellation, and
+    Starlette's (anyio's) cancel scopes cancel again at every await until the task exits: a plain
+    `await engine.abort(...)` there can itself be cancelled half-way, leaving the request running in the
+    engine, holding its KV cache, with no one to read it."""
+    task = asyncio.ensure_future(asyncio.wait_for(work, timeout_s))
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True  # keep waiting: the abort must finish
+        except TimeoutError:
+            log.error("an engine abort did not complete within %.0f s", timeout_s)
+        except Exception:
+            log.exception("an engine abort failed")
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+def _prompt_param(prompt: PromptInput) -> str:
+    return "messages" if prompt.messages is not None else "prompt"
 
 
 @dataclass(frozen=True)
@@ -92,6 +120,11 @@ class EngineHost:
         # one at a time, because vLLM's tokenizer deep-copies itself for every call that overlaps another
         # (measured: 10% of the replica's CPU under load with the default thread pool).
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tokenize-{model.id}")
+        # Tokenizing happens before a request takes an admission slot (a slot must never wait on a tokenizer),
+        # so the tokenizer's own queue is bounded apart, as deep as the admission queue.
+        self._tokenizing = 0
+        self._max_tokenizing = dep.max_ongoing_requests + dep.max_queued_requests
+        self._refusal = queue_full_class(service.refusal_status)
         self._ready = threading.Event()
         self._start_error: str | None = None
         self._dead: str | None = None
@@ -137,17 +170,20 @@ class EngineHost:
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Admitted | GenerationDelta, None]:
         self._require_ready()
-        ticket = self.admission.reserve()  # refuse before tokenizing anything
-        outcome, prompt_tokens, generated = "client_gone", 0, 0
+        # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
+        # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
+        self._refuse_certainly_too_long(request.prompt)
+        self.admission.refuse_if_full()
         arrived = time.monotonic()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.timeout_s  # this process's clock: no skew between nodes
-        timings: dict[str, float] = {}  # ms since arrival: where a slow first token was spent
+        prompt_ids = await self._tokenize(request.prompt)
+        rendered_ms = _ms_since(arrived)
+        params = self._fit_to_context(len(prompt_ids), request)
+        ticket = self.admission.reserve()
+        outcome, prompt_tokens, generated = "client_gone", len(prompt_ids), 0
+        timings: dict[str, float] = {"rendered_ms": rendered_ms}  # ms since arrival: where a slow first token went
         try:
-            prompt_ids = await self._in_tokenizer_thread(self._render, request.prompt)
-            timings["rendered_ms"] = _ms_since(arrived)
-            prompt_tokens = len(prompt_ids)
-            params = self._fit_to_context(len(prompt_ids), request)
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, deadline - loop.time())
             timings["admitted_ms"] = _ms_since(arrived)
             prompt_text = (
@@ -189,6 +225,37 @@ class EngineHost:
                 },
             )
 
+    def _refuse_certainly_too_long(self, prompt: PromptInput) -> None:
+        """A 400 from the prompt's size alone: no text of N characters has fewer than N / max_token_chars
+        tokens, and a chat template only adds tokens. Measured before this: a dozen prompts of 1 MB each held
+        every admission slot while they waited for the tokenizer, only to fail with 400."""
+        limit = self.model.max_prompt_tokens
+        if prompt.token_ids is not None:
+            at_least, size = len(prompt.token_ids), ""
+        else:
+            chars = len(prompt.text or "") + sum(len(m.get("content") or "") for m in prompt.messages or ())
+            at_least, size = -(-chars // max(1, self.engine.max_token_chars)), f" ({chars} characters)"
+        if at_least > limit:
+            param = _prompt_param(prompt)
+            raise ContextLengthExceeded(
+                f"The prompt is at least {at_least} tokens{size}; this model accepts at most {limit} prompt "
+                f"tokens. Shorten the {param}.",
+                param=param,
+            )
+
+    async def _tokenize(self, prompt: PromptInput) -> list[int]:
+        """Renders and tokenizes on the tokenizer thread, refusing when its queue is full."""
+        if self._tokenizing >= self._max_tokenizing:
+            raise self._refusal(
+                f"The tokenizer has {self._tokenizing} prompts waiting; retry after the Retry-After delay",
+                retry_after_s=1,
+            )
+        self._tokenizing += 1
+        try:
+            return await self._in_tokenizer_thread(self._render, prompt)
+        finally:
+            self._tokenizing -= 1
+
     def _render(self, prompt: PromptInput) -> list[int]:
         try:
             if prompt.messages is not None:
@@ -211,16 +278,20 @@ class EngineHost:
             )
         return ids
 
-    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
-        params = request.params
-        param = "messages" if request.prompt.messages is not None else "prompt"
+    def _refuse_long_prompt(self, prompt_tokens: int, prompt: PromptInput) -> None:
         max_prompt = self.model.max_prompt_tokens
         if prompt_tokens > max_prompt:
+            param = _prompt_param(prompt)
             raise ContextLengthExceeded(
                 f"The prompt is {prompt_tokens} tokens; this model accepts at most {max_prompt} prompt tokens. "
                 f"Shorten the {param}.",
                 param=param,
             )
+
+    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
+        params = request.params
+        param = _prompt_param(request.prompt)
+        self._refuse_long_prompt(prompt_tokens, request.prompt)
         n_ctx = self.model.engine.max_model_len
         if prompt_tokens + params.max_tokens <= n_ctx:
             return params
@@ -269,9 +340,9 @@ class EngineHost:
                 f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
             ) from None
         finally:
-            await stream.aclose()
             if not finished:
-                await self.engine.abort(request_id)
+                await _to_completion(self.engine.abort(request_id), ABORT_TIMEOUT_S)
+            await stream.aclose()
 
     @staticmethod
     def _rejected_param(params: GenerationParams) -> str | None:
@@ -282,12 +353,25 @@ class EngineHost:
     # -- control plane ----------------------------------------------------
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
+        """/tokenize: the same size limits and capacity as generation, on the same tokenizer thread."""
         self._require_ready()
-        return await self._in_tokenizer_thread(self._render, prompt)
+        self._refuse_certainly_too_long(prompt)
+        self.admission.refuse_if_full()
+        token_ids = await self._tokenize(prompt)
+        self._refuse_long_prompt(len(token_ids), prompt)
+        return token_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:
+        """/detokenize: at most a context's worth of ids, decoded on the tokenizer thread."""
         self._require_ready()
-        return self._decode(token_ids, "tokens")
+        if len(token_ids) > self.model.engine.max_model_len:
+            raise InvalidRequest(
+                f"'tokens' has {len(token_ids)} ids; at most max_model_len "
+                f"({self.model.engine.max_model_len}) can be decoded at once",
+                param="tokens",
+            )
+        self.admission.refuse_if_full()
+        return await self._in_tokenizer_thread(self._decode, token_ids, "tokens")
 
     def _decode(self, token_ids: list[int], param: str) -> str:
         try:

@@ -17,9 +17,16 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
+from app.config import ServiceConfig
+from app.http_clocks import ConnectionLimits, GuardedHttpToolsProtocol
+
 log = logging.getLogger(__name__)
 
-KEEP_ALIVE_TIMEOUT_S = 90  # Serve's proxy default, so clients see the same connection behaviour either way
+# The kernel's send buffer per client connection. Autotuned, it grows to megabytes on loopback, and a client
+# that stops reading is noticed (uvicorn's flow control pauses, the write-stall clock starts) only once it is
+# full: at 3 KB/s of streamed tokens that took minutes. 64 KiB still carries tokens far faster than any model
+# produces them.
+SEND_BUFFER_BYTES = 64 * 1024
 
 
 class CannotListen(RuntimeError):
@@ -34,6 +41,7 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)  # accepted sockets inherit it
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
@@ -53,16 +61,30 @@ class HttpListener:
     """Lifecycle: `start()` (binds and serves in the running event loop) → `stop_accepting()` (when the
     replica is being stopped) → `stop()`."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int):
+    def __init__(self, app: ASGIApp, host: str, port: int, service: ServiceConfig | None = None):
         self.host, self.port = host, port
         self._app = app
+        self._service = service or ServiceConfig()
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         sock = bind_socket(self.host, self.port, reuse_port=True)
+        s = self._service
+        limits = ConnectionLimits(
+            max_connections=s.max_connections,
+            header_timeout_s=s.header_timeout_s,
+            body_timeout_s=s.body_timeout_s,
+            write_stall_timeout_s=s.write_stall_timeout_s,
+            max_header_bytes=s.max_header_bytes,
+        )
         config = uvicorn.Config(
-            self._app, lifespan="off", access_log=False, log_config=None, timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S
+            self._app,
+            lifespan="off",
+            access_log=False,
+            log_config=None,
+            timeout_keep_alive=max(1, round(s.keep_alive_timeout_s)),  # uvicorn takes whole seconds
+            http=GuardedHttpToolsProtocol.protocol_class(limits),
         )
         server = uvicorn.Server(config)
         # Signals belong to the Ray worker, never to a server inside it.

@@ -17,9 +17,10 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import ops_routes, routes
+from app.api_keys import ApiKeys
 from app.config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
-from app.gate import Capacity, Gate, Lifecycle
+from app.gate import OPEN_PATHS, Capacity, Gate, Lifecycle
 from app.ingress_state import Backend, IngressState
 from app.metrics import Metrics
 from app.wire_json import error_response
@@ -31,6 +32,15 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_
     """The OpenAI API over `backends` (model id -> backend). `behind_serve_proxy`: Serve's HTTP proxy
     answers the socket (see `IngressState.behind_serve_proxy`)."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
+    keys = ApiKeys.of(config.api_keys())
+    if keys:
+        log.info(
+            "authentication on: %d API key(s); every route but %s needs one",
+            len(keys.digests),
+            ", ".join(sorted(OPEN_PATHS)),
+        )
+    else:
+        log.warning("authentication OFF: no API key configured, every route is open to whoever can connect")
     state = IngressState(
         config=config,
         backends=backends,
@@ -45,7 +55,8 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_
     api.include_router(ops_routes.router)
     api.add_middleware(
         Gate,
-        keys=[k.encode() for k in config.api_keys()],
+        keys=keys,
+        request_timeout_s=config.service.request_timeout_s,
         max_body_bytes=config.service.max_body_bytes,
         max_header_bytes=config.service.max_header_bytes,
         lifecycle=state.lifecycle,

@@ -70,7 +70,7 @@ async def get_model(request: Request, model_id: str) -> dict[str, Any]:
 
 
 @router.post("/tokenize")
-async def tokenize(request: Request, body: TokenizeRequest) -> dict[str, Any]:
+async def tokenize(request: Request, body: TokenizeRequest) -> Response:
     model, backend = _state(request).backend_for(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise InvalidRequest("Send exactly one of 'prompt' or 'messages'", param="prompt")
@@ -83,15 +83,16 @@ async def tokenize(request: Request, body: TokenizeRequest) -> dict[str, Any]:
     else:
         prompt = PromptInput(text=body.prompt)
     tokens = await backend.tokenize(prompt)
-    return {"count": len(tokens), "max_model_len": model.engine.max_model_len, "tokens": tokens}
+    # Our encoder, straight to bytes: FastAPI's jsonable_encoder walks every id on the event loop.
+    return JSONBody({"count": len(tokens), "max_model_len": model.engine.max_model_len, "tokens": tokens})
 
 
 @router.post("/detokenize")
-async def detokenize(request: Request, body: DetokenizeRequest) -> dict[str, Any]:
+async def detokenize(request: Request, body: DetokenizeRequest) -> Response:
     _, backend = _state(request).backend_for(body.model)
     if any(t < 0 for t in body.tokens):
         raise InvalidRequest("'tokens' must not be negative", param="tokens")
-    return {"prompt": await backend.detokenize(body.tokens)}
+    return JSONBody({"prompt": await backend.detokenize(body.tokens)})
 
 
 def _model_card(model: ModelConfig) -> dict[str, Any]:

@@ -159,6 +159,7 @@ class VLLMEngine:
         self._tokenizer: Any = None
         self._stats = _StatsRecorder()  # replaced by the one vLLM builds through the factory below
         self._precision: PrecisionChoice | None = None
+        self._max_token_chars = 1
         self._cores: CorePlan | None = None
 
     def start(self) -> None:
@@ -183,6 +184,9 @@ class VLLMEngine:
         if not model.on_gpu:
             keep_off_engine_cores()
         self._tokenizer = self._llm.get_tokenizer()
+        # Vocabulary strings are at least as long as the text they decode to (byte-level BPE spells each byte as
+        # a character; SentencePiece's byte tokens are longer still), added and special tokens included.
+        self._max_token_chars = max(1, max(map(len, self._tokenizer.get_vocab()), default=1))
         gib = model.engine.kv_cache_gib if not model.on_gpu else None
         log.info("engine for %s ready: %s", model.id, describe(self._precision, self._cores, gib, self.kv_cache_tokens))
 
@@ -196,6 +200,10 @@ class VLLMEngine:
     def kv_cache_tokens(self) -> int:
         cache = self.llm.vllm_config.cache_config
         return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+    @property
+    def max_token_chars(self) -> int:
+        return self._max_token_chars
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         text = self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)

@@ -37,7 +37,8 @@ def test_metrics_count_requests_latency_disconnects_and_engine_figures(service, 
                      json=chat("A long story", max_tokens=500, ignore_eos=True, stream=True)) as r:
         next(r.iter_lines())
     http.post("/v1/chat/completions", json=chat("x " * 3000, max_tokens=10))
-    service.wait_idle()
+    idle = service.wait_idle()  # the disconnected stream has been aborted and counted
+    assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0, idle
     after = httpx.get(f"{service.base_url}/metrics").text
 
     def grew(name, **labels):

@@ -64,7 +64,9 @@ def one_http_replica(config: AppConfig) -> bool:
 
 def build_from_config(config: AppConfig, listen: bool = False) -> serve.Application:
     """`listen`: the HTTP-facing replica binds `service.host:port` itself (requires `one_http_replica`);
-    otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay)."""
+    otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay). API keys are resolved here, in the
+    process that builds the app, and reach every replica as digests in its config (api_keys.py)."""
+    config = config.with_resolved_keys()
     if listen and not one_http_replica(config):
         raise ConfigError("a replica can listen on the service port only when one replica answers all HTTP")
     if colocated(config):

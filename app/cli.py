@@ -9,6 +9,7 @@ started that is still alive (vLLM's EngineCore was seen outliving `ray stop`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import logging
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.api_keys import ApiKeys
 from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, ServiceConfig, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "cpu.yaml"
@@ -98,6 +100,9 @@ def wait_healthy(
 # the service's /metrics is its own), and a 0.5 s Serve control loop (default 0.1 s) only delays
 # reactions to replica failures by as much. Idle CPU of Ray's processes: 7.6 % -> 3.9 % of a core
 # (docs/benchmarks.md). Each can still be overridden from the environment.
+# The private Ray with Ray's token authentication on (Ray 2.60 turns it on for a new local cluster unless
+# RAY_AUTH_MODE says otherwise; forced here so neither an inherited setting nor a changed default turns it off).
+SECURE_PRIVATE_RAY = {"RAY_AUTH_MODE": "token"}
 QUIET_PRIVATE_RAY = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_enable_metrics_collection": "0",
@@ -192,6 +197,50 @@ def drain_and_stop(config: AppConfig) -> None:
     serve.shutdown()
 
 
+class _DeployFailure:
+    """Watches Serve's status of the app while it starts: a replica whose constructor keeps failing (a corrupt
+    model folder, a config the replica refuses) makes Serve mark the app DEPLOY_FAILED after a few tries;
+    waiting out the whole start-up timeout would only reload the weights again and again."""
+
+    def __init__(self) -> None:
+        self.message = ""
+
+    def seen(self) -> bool:
+        from ray import serve
+
+        try:
+            app = serve.status().applications.get(APP_NAME)
+        except Exception:  # the controller is busy or restarting: no word yet
+            return False
+        if app is not None and app.status == "DEPLOY_FAILED":  # ApplicationStatus is a str enum
+            details = [d.message for d in app.deployments.values() if d.message]
+            self.message = " | ".join([app.message, *details] if app.message else details) or str(app.status)
+            return True
+        return False
+
+
+def serve_shutdown_quietly() -> None:
+    from ray import serve
+
+    with contextlib.suppress(Exception):
+        serve.shutdown()
+
+
+def _preflight(config: AppConfig) -> bool:
+    """What can be checked before Ray starts, said once: each model's folder exists and holds a model."""
+    from app.model_store import resolve_source
+
+    for model in config.models:
+        if model.engine_kind != "vllm":
+            continue
+        try:
+            resolve_source(model.source)
+        except FileNotFoundError as err:
+            _say(f"model '{model.id}': {err}")
+            return False
+    return True
+
+
 def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: bool = False) -> int:
     """The local lifecycle in order: check, prepare the model, start Ray, deploy, wait until ready,
     serve until a signal, drain and stop, and reap whatever is left."""
@@ -204,6 +253,8 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
         from app.model_store import prepare_default_model
 
         prepare_default_model()
+    if not _preflight(config):
+        return 1
     stop = _Stop()
     stop.install()
     _become_subreaper()
@@ -214,6 +265,7 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         for name, value in QUIET_PRIVATE_RAY.items():
             os.environ.setdefault(name, value)
+        os.environ.update(SECURE_PRIVATE_RAY)  # not overridable: an inherited RAY_AUTH_MODE=disabled must not win
     # Ray folds log lines it deems similar into "[repeated Nx]"; per-request JSON lines must all get through.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
@@ -229,16 +281,26 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
         if not deploy(config, listen):
             return 1
         local = "127.0.0.1" if config.service.host in ("0.0.0.0", "::") else config.service.host
+        failed = _DeployFailure()
         if wait_healthy(
-            f"http://{local}:{config.service.port}", startup_timeout_s, gave_up=stop.event.is_set, pause=stop.event.wait
+            f"http://{local}:{config.service.port}",
+            startup_timeout_s,
+            gave_up=lambda: stop.event.is_set() or failed.seen(),
+            pause=stop.event.wait,
         ):
+            keys = len(ApiKeys.of(config.with_resolved_keys().service.api_keys).digests)
             _say(
                 f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:"
                 f"{config.service.port}/v1 (ready in {time.monotonic() - started:.0f} s; HTTP answered by "
-                f"{'the replica itself' if listen else 'the Serve proxy'}); Ctrl-C to stop"
+                f"{'the replica itself' if listen else 'the Serve proxy'}; "
+                f"{f'authentication on, {keys} key(s)' if keys else 'authentication OFF'}); Ctrl-C to stop"
             )
             while not stop.event.wait(2.0):
                 _reap_zombies()
+        elif failed.message:
+            _say(f"the deployment failed, Serve gave up on it: {failed.message}")
+            serve_shutdown_quietly()
+            return 1
         elif not stop.event.is_set():
             _say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
             return 1

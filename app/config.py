@@ -17,6 +17,7 @@ from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, from_environment, is_diges
 from app.api_keys import resolve as resolve_keys
 
 DEFAULT_MODEL_SOURCE = "default"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 class ConfigError(ValueError):

@@ -30,6 +30,7 @@ from app.errors import (
     Unauthorized,
     queue_full_class,
 )
+from app.loop_lag import LoopLagProbe
 from app.metrics import Metrics
 from app.wire_json import error_response
 
@@ -134,6 +135,7 @@ class Gate:
         keys: ApiKeys,
         max_body_bytes: int,
         request_timeout_s: float,
+        watch_event_loop: bool,
         max_header_bytes: int,
         lifecycle: Lifecycle,
         echo_request_id: bool,
@@ -148,11 +150,14 @@ class Gate:
         self.keys = keys
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
+        self.loop_lag = LoopLagProbe(metrics.loop_lag) if watch_event_loop else None
         self.lifecycle = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.loop_lag is not None:
+            self.loop_lag.start()  # on the loop that serves requests, once
         headers = dict(scope.get("headers", ()))
         path = route_path(scope)
         request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex

@@ -142,6 +142,7 @@ class EngineHost:
         except Exception as err:
             self._start_error = f"the engine for '{self.model.id}' failed to start: {err!r}"
             log.exception("engine for %s failed to start", self.model.id)
+            self.engine.shutdown()  # whatever it had started goes with it
             return
         if not self.model.deployment.token_budget and self.engine.kv_cache_tokens:
             self.admission.token_budget = self.engine.kv_cache_tokens

@@ -28,9 +28,12 @@ from app.wire_json import error_response
 log = logging.getLogger(__name__)
 
 
-def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_proxy: bool = False) -> FastAPI:
+def create_app(
+    config: AppConfig, backends: Mapping[str, Backend], behind_serve_proxy: bool = False, watch_event_loop: bool = False
+) -> FastAPI:
     """The OpenAI API over `backends` (model id -> backend). `behind_serve_proxy`: Serve's HTTP proxy
-    answers the socket (see `IngressState.behind_serve_proxy`)."""
+    answers the socket (see `IngressState.behind_serve_proxy`). `watch_event_loop`: run the event-loop lag
+    probe (loop_lag.py) on the loop that serves the first request; the replicas do, tests need not."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
     keys = ApiKeys.of(config.api_keys())
     if keys:
@@ -57,6 +60,7 @@ def create_app(config: AppConfig, backends: Mapping[str, Backend], behind_serve_
         Gate,
         keys=keys,
         request_timeout_s=config.service.request_timeout_s,
+        watch_event_loop=watch_event_loop,
         max_body_bytes=config.service.max_body_bytes,
         max_header_bytes=config.service.max_header_bytes,
         lifecycle=state.lifecycle,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 
 
@@ -58,6 +59,13 @@ class Metrics:
             "Between consecutive streamed chunks.",
             ["model"],
             buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "app_event_loop_lag_seconds",
+            "How much later than asked a 50 ms heartbeat on the HTTP process's event loop ran: the stall every "
+            "request on that loop suffered.",
+            buckets=_LAG_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(

@@ -57,7 +57,11 @@ def resolve_source(source: str) -> str:
             raise FileNotFoundError(
                 f"model folder {path} has no config.json; point `source` at a Hugging Face model folder"
             )
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise FileNotFoundError(f"model folder {path} has no weights (*.safetensors or *.bin)")
         return str(path.resolve())
+    if source.startswith(("/", ".", "~")):  # meant as a folder: never let it fall through to a hub lookup
+        raise FileNotFoundError(f"model folder {path} does not exist; fix `source` or prepare the folder")
     return source  # a hub id; vLLM fetches it where a hub is reachable
 
 

@@ -21,7 +21,8 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.config import AppConfig, ModelConfig, ServiceConfig
+from app.api_keys import API_KEYS_ENV, ApiKeys
+from app.config import LOOPBACK_HOSTS, AppConfig, ConfigError, ModelConfig, ServiceConfig
 from app.engine import Engine, GenerateRequest, PromptInput
 from app.errors import ServiceError
 from app.host import EngineHost, ReplicaStats
@@ -73,8 +74,39 @@ def _keep_replica_port_on_loopback() -> None:
     replica.add_port_to_grpc_server = add_port_on_loopback
 
 
+def _serve_proxy_host() -> str | None:
+    """The host Serve's HTTP proxies bind, from the Serve controller (Ray 2.60's client; None if unknown)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        return str(client.http_config.host) if client is not None else None
+    except Exception:
+        return None
+
+
+def _refuse_open_access(config: AppConfig, listen: bool) -> None:
+    """No API key and reachable beyond loopback: refuse to start (or warn, per `service.without_api_keys`).
+    Reachable: the replica's own socket on a non-loopback `service.host`, or Serve's proxy bound to one."""
+    if ApiKeys.of(config.api_keys()):
+        return
+    where = config.service.host if listen else _serve_proxy_host()
+    if where is None:
+        where = ray.util.get_node_ip_address()  # the proxy's host is unknown: assume this node's address
+    if where in LOOPBACK_HOSTS:
+        return
+    message = (
+        f"no API key is configured and the service is reachable on {where}: anyone who can connect can use "
+        f"it. Set service.api_keys (plain or sha256:<hex>) or {API_KEYS_ENV} where the app is built, bind "
+        "to 127.0.0.1, or set service.without_api_keys: warn"
+    )
+    if config.service.without_api_keys == "refuse":
+        raise ConfigError(message)
+    log.warning("%s", message)
+
+
 def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:
-    listener = HttpListener(api, service.host, service.port)
+    listener = HttpListener(api, service.host, service.port, service)
     listener.start()  # the constructor runs in the replica's event loop, where requests will run
     return listener
 
@@ -84,7 +116,9 @@ class EngineReplica:
 
     def __init__(self, model: ModelConfig, service: ServiceConfig):
         _keep_replica_port_on_loopback()
-        self.host = EngineHost(model, make_engine(model), service, start_in_background=True)
+        # The engine loads in the constructor: Serve routes to a replica only once its constructor has
+        # returned, so no request (and no replacement, scale-up or rolling update) reaches a loading engine.
+        self.host = EngineHost(model, make_engine(model), service)
 
     async def generate_remote(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         """`generate` for callers across the Ray handle: errors come back as `Refused` values."""
@@ -126,8 +160,9 @@ class ModelServer:
     def __init__(self, config: AppConfig, listen: bool = False):
         _keep_replica_port_on_loopback()
         model = config.models[0]
-        self.host = EngineHost(model, make_engine(model), config.service, start_in_background=True)
-        self._api = create_app(config, {model.id: self.host}, behind_serve_proxy=not listen)
+        _refuse_open_access(config, listen)
+        self.host = EngineHost(model, make_engine(model), config.service)  # loads now: see EngineReplica
+        self._api = create_app(config, {model.id: self.host}, behind_serve_proxy=not listen, watch_event_loop=True)
         self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:
@@ -157,8 +192,9 @@ class Ingress:
     def __init__(self, config: AppConfig, engines: dict[str, DeploymentHandle], listen: bool = False):
         _keep_replica_port_on_loopback()
         configure_logging(config.service.log_level)
+        _refuse_open_access(config, listen)
         backends = {model_id: HandleBackend(h) for model_id, h in engines.items()}
-        self._api = create_app(config, backends, behind_serve_proxy=not listen)
+        self._api = create_app(config, backends, behind_serve_proxy=not listen, watch_event_loop=True)
         self._listener = _listen(self._api, config.service) if listen else None
 
     def __serve_build_asgi_app__(self) -> FastAPI:

@@ -8,11 +8,13 @@ engine's memory does not grow with the number of requests.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import psutil
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
@@ -138,6 +140,15 @@ def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:
     return tuple(out)
 
 
+def _kill_started_since(before: set[int]) -> None:
+    """Kills this process's descendants that were not there before (vLLM's EngineCore and its workers)."""
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for process in started:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(started, timeout=10)
+
+
 def _choice_delta(completion: Any, logprobs: int | None) -> ChoiceDelta:
     """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape."""
     reason = completion.finish_reason
@@ -180,7 +191,12 @@ class VLLMEngine:
             self._stats = _StatsRecorder(vllm_config, engine_index)
             return self._stats
 
-        self._llm = AsyncLLM.from_engine_args(_engine_args(model, self._precision.dtype), stat_loggers=[recorder])
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        try:
+            self._llm = AsyncLLM.from_engine_args(_engine_args(model, self._precision.dtype), stat_loggers=[recorder])
+        except BaseException:
+            _kill_started_since(before)  # an EngineCore that began loading must not outlive a failed start
+            raise
         if not model.on_gpu:
             keep_off_engine_cores()
         self._tokenizer = self._llm.get_tokenizer()

@@ -67,7 +67,9 @@ class Service:
 def base_config(port: int) -> dict:
     """The default config (one model, so HTTP is served by the engine replicas themselves) with test limits."""
     config = yaml.safe_load((REPO / "configs" / "cpu.yaml").read_text())
-    config["service"].update({"port": port, "api_keys": [API_KEY], "request_timeout_s": 120, "drain_grace_s": 10})
+    config["service"].update({"port": port, "api_keys": [API_KEY], "request_timeout_s": 120, "drain_grace_s": 10,
+                              # short connection clocks, so the hostile-client tests see them run out quickly
+                              "header_timeout_s": 3, "body_timeout_s": 5, "write_stall_timeout_s": 5})
     model = config["models"][0]
     model["engine"].update({"kv_cache_gib": 1, "max_num_seqs": 16})
     model["deployment"].update({"max_ongoing_requests": MAX_ONGOING, "max_queued_requests": MAX_QUEUED,

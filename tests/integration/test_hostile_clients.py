@@ -1,0 +1,90 @@
+"""Hostile clients against the real stack: a stream that is never read, a connection that says nothing,
+giant prompts. Each must cost the service a bounded amount and nothing else must notice."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.integration.conftest import API_KEY, MODEL
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _connect(base_url: str, rcvbuf: int | None = None) -> socket.socket:
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window stays small
+    sock.connect((host, int(port)))
+    return sock
+
+
+def _engine_lines(service, trace_id: str) -> list[dict]:
+    lines = []
+    for line in service.log_path.read_text(errors="replace").splitlines():
+        start = line.find("{")
+        if trace_id in line and '"engine request"' in line and start >= 0:
+            lines.append(json.loads(line[start:]))
+    return lines
+
+
+def test_a_stream_that_is_never_read_is_cut_off_and_its_engine_request_aborted(service):
+    trace = f"non-reader-{uuid.uuid4().hex[:8]}"
+    body = json.dumps({"model": MODEL, "messages": QUESTION, "stream": True, "max_tokens": 1024,
+                       "ignore_eos": True, "logprobs": True, "top_logprobs": 5}).encode()  # big chunks fill buffers
+    sock = _connect(service.base_url, rcvbuf=4096)
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nX-Request-Id: " + trace.encode() +
+                     b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: service.stats()["engine"]["running"] == 1, timeout_s=60, what="the stream generating")
+        # Never read. The server's writes stall once the buffers are full, and after write_stall_timeout_s
+        # the connection is dropped and the engine request aborted, while this socket is still open.
+        wait_until(lambda: _engine_lines(service, trace), timeout_s=120, what="the request ended")
+        (line,) = _engine_lines(service, trace)
+        assert line["outcome"] == "client_gone" and line["generated_tokens"] < 1024
+        idle = service.wait_idle(timeout_s=30)
+        assert idle["engine"]["running"] == 0 and idle["admission"]["in_system"] == 0
+    finally:
+        sock.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_with_a_408(service):
+    sock = _connect(service.base_url)
+    sock.settimeout(30)
+    started = time.monotonic()
+    try:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and json.loads(body)["error"]["code"] == "client_timeout"
+    assert time.monotonic() - started < 30  # closed by the server (header_timeout_s is 3 s), not by us
+
+
+def test_giant_prompts_cost_no_slot_and_a_normal_chat_is_served_beside_them(service, http):
+    giant = {"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 75_000}]}  # ~900 KB
+
+    def send_giant(_: int) -> httpx.Response:
+        return httpx.post(f"{service.base_url}/v1/chat/completions", json=giant, headers=service.headers, timeout=60)
+
+    refused_before = service.stats()["admission"]["refused_queue_full"]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        giants = pool.map(send_giant, range(12))  # more than max_ongoing + max_queued (8) at once
+        normal = http.post("/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "temperature": 0,
+                                                          "max_tokens": 20})
+        statuses = [(r.status_code, r.json()["error"]["code"]) for r in giants]
+    assert statuses == [(400, "context_length_exceeded")] * 12
+    assert normal.status_code == 200 and "Paris" in normal.json()["choices"][0]["message"]["content"]
+    assert service.stats()["admission"]["refused_queue_full"] == refused_before  # no giant ever took a slot

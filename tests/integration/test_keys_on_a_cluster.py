@@ -1,0 +1,42 @@
+"""API keys given in the launching shell reach the replicas when the service is deployed onto an existing Ray
+cluster (`RAY_ADDRESS`): they are resolved where the app is built, not read from each replica's environment."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+import yaml
+
+from loadkit.service import ProcessGroup, child_env, free_port
+from tests.integration.conftest import MODEL, REPO, STARTUP_TIMEOUT_S, Service, base_config, stop_service
+from tests.support.ray_cluster import ray_head
+
+pytestmark = pytest.mark.integration
+KEY = "key-from-the-launching-shell"
+
+
+def test_keys_from_the_shell_reach_replicas_on_an_existing_cluster(tmp_path):
+    with ray_head(tmp_path) as address:
+        config = base_config(free_port())
+        config["service"]["api_keys"] = []  # none in the file: only the shell has one
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),
+                              "--startup-timeout", str(STARTUP_TIMEOUT_S)],
+                             cwd=REPO, env=child_env(RAY_ADDRESS=address, APP_API_KEYS=KEY),
+                             log_path=tmp_path / "service.log")
+        svc = Service(f"http://127.0.0.1:{config['service']['port']}", group)
+        try:
+            assert svc.wait_healthy(STARTUP_TIMEOUT_S), group.log_tail(4000)
+            base = svc.base_url
+            assert httpx.get(f"{base}/v1/models", timeout=30).status_code == 401
+            wrong = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer nope"}, timeout=30)
+            assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+            ok = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+            assert ok.status_code == 200 and ok.json()["data"][0]["id"] == MODEL
+            assert httpx.get(f"{base}/health", timeout=30).status_code == 200  # probes stay open
+            assert "authentication on, 1 key(s)" in group.log_tail(20_000)
+        finally:
+            stop_service(svc)

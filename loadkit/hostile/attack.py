@@ -1,0 +1,131 @@
+"""The attack phase: every hostile socket and request at once for `plan.duration_s`, watched all along, then
+every hostile socket closed.
+
+Giant prompts go out first and are answered (or `GIANT_FIRST_S` passes) before the non-readers' connects;
+then the idle, slowloris and huge-header sockets and the /tokenize flood. Once a second the watcher looks
+at the non-readers without reading (poll, SO_ERROR), at the listener's connection table (which client ports
+the server still holds), at the replica's memory and descriptors, and at /stats; every `LAG_SCRAPE_S` at
+/metrics. At the end, per non-reader, the bytes waiting unread (FIONREAD) and one non-blocking MSG_PEEK;
+then every socket is closed and every unfinished request cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from loadkit.hostile.attackers import Fleet, start
+from loadkit.hostile.checks import StatsPoint, lag_histogram, stats_point
+from loadkit.hostile.floods import Answer, giant_prompts, tokenize_flood
+from loadkit.hostile.lag import Histogram
+from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS
+from loadkit.hostile.server_view import ServerView
+from loadkit.hostile.sockets import SocketRecord, hangup, peek, unread
+
+WATCH_S = 1.0
+GIANT_FIRST_S = 10.0
+LAG_SCRAPE_S = 10.0
+
+
+@dataclass
+class Attack:
+    started: float = 0.0  # monotonic: the first hostile request
+    ended: float = 0.0  # monotonic: the moment the driver began closing everything
+    answers: list[Answer] = field(default_factory=list)
+    stats: list[StatsPoint] = field(default_factory=list)
+    lag: list[tuple[float, Histogram]] = field(default_factory=list)  # /metrics snapshots during the attack
+    watch_errors: int = 0
+    giant_first_s: float = 0.0  # from the start until the giant prompts were answered and the sockets opened
+    closed_by_driver: int = 0  # sockets the server had not ended when the attack was over (this driver closed them)
+
+
+def mark_released(records: list[SocketRecord], ports: set[int], sampled_at: float) -> None:
+    """One look at the listener's connection table (`ports`: the client ports it holds, read at `sampled_at`):
+    a socket it held before, or whose close its client saw, and that is not there now, was released by the
+    server. Sockets opened after the look are left for the next one."""
+    for r in records:
+        if r.opened_at is None or r.released_at is not None or r.opened_at > sampled_at:
+            continue
+        if r.local_port in ports:
+            r.seen_by_server = True
+        elif r.seen_by_server or r.closed_at is not None:
+            r.released_at = sampled_at
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
+    except TimeoutError:
+        pass
+
+
+async def _look(fleet: Fleet, view: ServerView) -> None:
+    now = time.monotonic()
+    for rec, sock in fleet.open_non_readers():
+        how = hangup(sock)
+        if how:
+            rec.saw_close(how, now)
+    ports = await asyncio.to_thread(view.remote_ports)
+    if ports is not None:
+        mark_released(fleet.records, ports, now)
+    await asyncio.to_thread(view.sample, ports)
+
+
+async def _watch(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, model: str, out: Attack,
+                 stop: asyncio.Event) -> None:
+    last_scrape = time.monotonic()
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            await _look(fleet, view)
+            out.stats.append(await stats_point(http, model))
+            if t0 - last_scrape >= LAG_SCRAPE_S:
+                last_scrape = t0
+                h = await lag_histogram(http)
+                if h is not None:
+                    out.lag.append((time.monotonic(), h))
+        except (httpx.HTTPError, KeyError, ValueError, OSError):
+            out.watch_errors += 1
+        await _pause(stop, WATCH_S - (time.monotonic() - t0))
+
+
+async def attack(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, hostile_http: httpx.AsyncClient,
+                 model: str) -> Attack:
+    """`http`: the watcher's own client; `hostile_http`: the giant prompts' and the flood's."""
+    plan, out, stop = fleet.plan, Attack(), asyncio.Event()
+    out.started = time.monotonic()
+    giant = asyncio.create_task(giant_prompts(hostile_http, model, plan, out.answers), name="giant prompts")
+    # The giant prompts are answered (or GIANT_FIRST_S passes) before the non-readers fill every slot: once they
+    # have, the gate refuses any request at capacity before reading its body, and no giant prompt gets further.
+    await asyncio.wait([giant], timeout=GIANT_FIRST_S)
+    out.giant_first_s = time.monotonic() - out.started
+    tasks = [giant, *start(fleet, (NON_READER,))]
+    tasks += start(fleet, (IDLE, SLOWLORIS, HUGE_FAST, HUGE_SLOW))
+    tasks.append(asyncio.create_task(tokenize_flood(hostile_http, model, plan, out.answers), name="tokenize"))
+    watcher = asyncio.create_task(_watch(fleet, view, http, model, out, stop))
+    await asyncio.sleep(plan.duration_s)  # the attack's length IS the behaviour
+    stop.set()
+    await watcher
+    try:
+        await _look(fleet, view)  # a last look before the driver's own closes
+    except OSError:
+        out.watch_errors += 1
+    for rec in fleet.of(NON_READER):
+        sock = fleet.sock(rec)
+        if sock is not None:
+            rec.unread_bytes = unread(sock)
+            if rec.closed_at is None:
+                rec.end_state = peek(sock)
+    for rec in fleet.of(NON_READER):
+        if not rec.end_state and rec.closed_at is not None:
+            rec.end_state = rec.how
+    out.ended = time.monotonic()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    out.closed_by_driver = sum(r.opened_at is not None and r.ended_at is None for r in fleet.records)
+    fleet.close()  # every client socket, those the server ended included
+    return out

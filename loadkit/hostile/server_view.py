@@ -1,0 +1,114 @@
+"""The service's side of the connections: which process listens, which is the Serve replica, and what they hold.
+
+The listener is the process with a LISTEN socket on the service's port (with one replica answering all
+HTTP, the replica itself; behind Serve's proxy, the proxy). The replica is found by its process title
+(`ServeReplica:*`) in the service's process tree (loadkit.proctree); with none there (a service that is not
+Ray Serve), the listener stands in. A sample is the replica's RSS and open file descriptors and the listener's
+connections on the port, by the client port at their far end: a hostile socket whose port is gone from that
+table has been closed by the server, whatever its client could see.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from loadkit.proctree import ProcessTree
+
+REPLICA_TITLE = "ServeReplica:"
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # monotonic
+    rss: int  # the replica's resident memory, bytes
+    fds: int  # the replica's open file descriptors
+    connections: int  # the listener's TCP connections on the service's port (accepted, not the listening one)
+
+
+@dataclass
+class ServerView:
+    port: int
+    tree: ProcessTree | None  # the service's process tree (None: not known, only the listener)
+    listener: psutil.Process | None = None
+    replica: psutil.Process | None = None
+    replica_title: str = ""
+    samples: list[Sample] = field(default_factory=list)
+
+    def locate(self) -> bool:
+        """Finds the listener and the replica; True when the listener was found."""
+        procs = self.tree.processes() if self.tree is not None else []
+        self.listener = _listener(self.port, procs)
+        replicas = [p for p in procs if REPLICA_TITLE in _title(p)]
+        preferred = [p for p in replicas if self.listener is not None and p.pid == self.listener.pid]
+        self.replica = (preferred or replicas or [self.listener])[0]
+        self.replica_title = _title(self.replica)[:80] if self.replica is not None else ""
+        return self.listener is not None
+
+    def describe(self) -> str:
+        if self.listener is None:
+            return f"no process found listening on port {self.port} (no server-side view)"
+        same = self.replica is not None and self.replica.pid == self.listener.pid
+        replica = (f"the replica `{self.replica_title}` (pid {self.replica.pid})" if self.replica is not None
+                   else "no replica")
+        return (f"{replica} listens on port {self.port} itself" if same else
+                f"pid {self.listener.pid} (`{_title(self.listener)[:60]}`) listens on port {self.port}; {replica}")
+
+    def remote_ports(self) -> set[int] | None:
+        """The client ports of every connection the listener holds on the service's port; None when unknown."""
+        if self.listener is None:
+            return None
+        try:
+            conns = self.listener.net_connections(kind="tcp")
+        except psutil.Error:
+            return None
+        return {c.raddr.port for c in conns if c.raddr and c.laddr and c.laddr.port == self.port}
+
+    def sample(self, ports: set[int] | None = None) -> Sample | None:
+        if self.replica is None:
+            return None
+        try:
+            rss, fds = self.replica.memory_info().rss, self.replica.num_fds()
+        except psutil.Error:
+            return None
+        ports = self.remote_ports() if ports is None else ports
+        s = Sample(time.monotonic(), rss, fds, len(ports or ()))
+        self.samples.append(s)
+        return s
+
+
+def _title(p: psutil.Process | None) -> str:
+    if p is None:
+        return ""
+    try:
+        return p.name() + " " + " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _listens(p: psutil.Process, port: int) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in p.net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
+
+
+def _listener(port: int, procs: list[psutil.Process]) -> psutil.Process | None:
+    """The process listening on `port`: among `procs` first, else anywhere this user may look."""
+    for p in procs:
+        if _listens(p, port):
+            return p
+    try:
+        pids = [c.pid for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    except psutil.Error:
+        return None
+    for pid in pids:
+        try:
+            return psutil.Process(pid)
+        except psutil.Error:
+            continue
+    return None

@@ -13,10 +13,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from app.admission import Admission, AdmissionStats
 from app.config import ModelConfig, ServiceConfig
@@ -33,7 +32,6 @@ from app.engine import (
     PromptInput,
 )
 from app.errors import (
-    ContextLengthExceeded,
     InvalidRequest,
     RequestTimeout,
     ServiceError,
@@ -41,6 +39,7 @@ from app.errors import (
     queue_full_class,
 )
 from app.logs import configure_logging
+from app.prompt_tokenizer import PromptTokenizer
 
 # The logger of the one line per engine request; its name predates this module's and log queries rely on it.
 log = logging.getLogger("app.server")
@@ -69,10 +68,6 @@ async def _to_completion(work: Awaitable[None], timeout_s: float) -> None:
             log.exception("an engine abort failed")
     if cancelled:
         raise asyncio.CancelledError
-
-
-def _prompt_param(prompt: PromptInput) -> str:
-    return "messages" if prompt.messages is not None else "prompt"
 
 
 @dataclass(frozen=True)
@@ -116,15 +111,7 @@ class EngineHost:
             queue_timeout_s=dep.queue_timeout_s,
             refusal=queue_full_class(service.refusal_status),
         )
-        # One thread renders prompts: off the event loop (a huge prompt must not stall every stream), and
-        # one at a time, because vLLM's tokenizer deep-copies itself for every call that overlaps another
-        # (measured: 10% of the replica's CPU under load with the default thread pool).
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tokenize-{model.id}")
-        # Tokenizing happens before a request takes an admission slot (a slot must never wait on a tokenizer),
-        # so the tokenizer's own queue is bounded apart, as deep as the admission queue.
-        self._tokenizing = 0
-        self._max_tokenizing = dep.max_ongoing_requests + dep.max_queued_requests
-        self._refusal = queue_full_class(service.refusal_status)
+        self.prompts = PromptTokenizer(model, engine, queue_full_class(service.refusal_status))
         self._ready = threading.Event()
         self._start_error: str | None = None
         self._dead: str | None = None
@@ -154,9 +141,6 @@ class EngineHost:
             self.admission.token_budget,
         )
 
-    async def _in_tokenizer_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
-
     def _require_ready(self) -> None:
         if self._dead:
             raise ServiceUnavailable(
@@ -173,14 +157,14 @@ class EngineHost:
         self._require_ready()
         # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
         # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
-        self._refuse_certainly_too_long(request.prompt)
+        self.prompts.refuse_certainly_too_long(request.prompt)
         self.admission.refuse_if_full()
         arrived = time.monotonic()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.timeout_s  # this process's clock: no skew between nodes
-        prompt_ids = await self._tokenize(request.prompt)
+        prompt_ids = await self.prompts.tokenize(request.prompt)
         rendered_ms = _ms_since(arrived)
-        params = self._fit_to_context(len(prompt_ids), request)
+        params = self.prompts.fit_to_context(len(prompt_ids), request)
         ticket = self.admission.reserve()
         outcome, prompt_tokens, generated = "client_gone", len(prompt_ids), 0
         timings: dict[str, float] = {"rendered_ms": rendered_ms}  # ms since arrival: where a slow first token went
@@ -188,7 +172,7 @@ class EngineHost:
             await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, deadline - loop.time())
             timings["admitted_ms"] = _ms_since(arrived)
             prompt_text = (
-                self._decode(prompt_ids, "prompt")
+                self.prompts.decode_now(prompt_ids, "prompt")
                 if request.prompt.token_ids is not None and request.want_prompt_text
                 else None
             )
@@ -225,86 +209,6 @@ class EngineHost:
                     **timings,
                 },
             )
-
-    def _refuse_certainly_too_long(self, prompt: PromptInput) -> None:
-        """A 400 from the prompt's size alone: no text of N characters has fewer than N / max_token_chars
-        tokens, and a chat template only adds tokens. Measured before this: a dozen prompts of 1 MB each held
-        every admission slot while they waited for the tokenizer, only to fail with 400."""
-        limit = self.model.max_prompt_tokens
-        if prompt.token_ids is not None:
-            at_least, size = len(prompt.token_ids), ""
-        else:
-            chars = len(prompt.text or "") + sum(len(m.get("content") or "") for m in prompt.messages or ())
-            at_least, size = -(-chars // max(1, self.engine.max_token_chars)), f" ({chars} characters)"
-        if at_least > limit:
-            param = _prompt_param(prompt)
-            raise ContextLengthExceeded(
-                f"The prompt is at least {at_least} tokens{size}; this model accepts at most {limit} prompt "
-                f"tokens. Shorten the {param}.",
-                param=param,
-            )
-
-    async def _tokenize(self, prompt: PromptInput) -> list[int]:
-        """Renders and tokenizes on the tokenizer thread, refusing when its queue is full."""
-        if self._tokenizing >= self._max_tokenizing:
-            raise self._refusal(
-                f"The tokenizer has {self._tokenizing} prompts waiting; retry after the Retry-After delay",
-                retry_after_s=1,
-            )
-        self._tokenizing += 1
-        try:
-            return await self._in_tokenizer_thread(self._render, prompt)
-        finally:
-            self._tokenizing -= 1
-
-    def _render(self, prompt: PromptInput) -> list[int]:
-        try:
-            if prompt.messages is not None:
-                ids = self.engine.render_chat(list(prompt.messages))
-            elif prompt.text is not None:
-                ids = self.engine.encode(prompt.text)
-            else:
-                ids = list(prompt.token_ids or ())
-        except InvalidRequest:
-            raise
-        except Exception as err:  # e.g. a chat template that rejects the message order
-            raise InvalidRequest(
-                f"the prompt could not be rendered for this model: {err}",
-                param="messages" if prompt.messages else "prompt",
-            ) from None
-        if not ids:
-            raise InvalidRequest(
-                "the prompt is empty; send at least one token of text",
-                param="messages" if prompt.messages else "prompt",
-            )
-        return ids
-
-    def _refuse_long_prompt(self, prompt_tokens: int, prompt: PromptInput) -> None:
-        max_prompt = self.model.max_prompt_tokens
-        if prompt_tokens > max_prompt:
-            param = _prompt_param(prompt)
-            raise ContextLengthExceeded(
-                f"The prompt is {prompt_tokens} tokens; this model accepts at most {max_prompt} prompt tokens. "
-                f"Shorten the {param}.",
-                param=param,
-            )
-
-    def _fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
-        params = request.params
-        param = _prompt_param(request.prompt)
-        self._refuse_long_prompt(prompt_tokens, request.prompt)
-        n_ctx = self.model.engine.max_model_len
-        if prompt_tokens + params.max_tokens <= n_ctx:
-            return params
-        if params.max_tokens_is_default:  # the client did not ask for a length: use what is left
-            return replace(params, max_tokens=n_ctx - prompt_tokens)
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-            f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {param}, "
-            f"{params.max_tokens} in the completion). "
-            f"Please reduce the length of the {param} or completion.",
-            param=param,
-        )
 
     async def _run(
         self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float
@@ -356,10 +260,10 @@ class EngineHost:
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         """/tokenize: the same size limits and capacity as generation, on the same tokenizer thread."""
         self._require_ready()
-        self._refuse_certainly_too_long(prompt)
+        self.prompts.refuse_certainly_too_long(prompt)
         self.admission.refuse_if_full()
-        token_ids = await self._tokenize(prompt)
-        self._refuse_long_prompt(len(token_ids), prompt)
+        token_ids = await self.prompts.tokenize(prompt)
+        self.prompts.refuse_long_prompt(len(token_ids), prompt)
         return token_ids
 
     async def detokenize(self, token_ids: list[int]) -> str:
@@ -372,15 +276,7 @@ class EngineHost:
                 param="tokens",
             )
         self.admission.refuse_if_full()
-        return await self._in_tokenizer_thread(self._decode, token_ids, "tokens")
-
-    def _decode(self, token_ids: list[int], param: str) -> str:
-        try:
-            return self.engine.decode(token_ids)
-        except Exception as err:  # e.g. an id past the tokenizer's integer type (HF: OverflowError for >= 2**32)
-            raise InvalidRequest(
-                f"the token ids could not be decoded by this model's tokenizer: {err}", param=param
-            ) from None
+        return await self.prompts.decode(token_ids, "tokens")
 
     async def check_health(self) -> None:
         """Ray Serve's liveness probe: cheap, never fails because the engine is busy or still loading;

@@ -11,7 +11,7 @@ import yaml
 
 from loadkit.service import ProcessGroup, child_env, free_port
 from tests.integration.conftest import MODEL, REPO, STARTUP_TIMEOUT_S, Service, base_config, stop_service
-from tests.support.ray_cluster import ray_head
+from tests.support.ray_cluster import LOOPBACK_CLUSTER_ENV, ray_head
 
 pytestmark = pytest.mark.integration
 KEY = "key-from-the-launching-shell"
@@ -25,7 +25,7 @@ def test_keys_from_the_shell_reach_replicas_on_an_existing_cluster(tmp_path):
         path.write_text(yaml.safe_dump(config))
         group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),
                               "--startup-timeout", str(STARTUP_TIMEOUT_S)],
-                             cwd=REPO, env=child_env(RAY_ADDRESS=address, APP_API_KEYS=KEY),
+                             cwd=REPO, env=child_env(RAY_ADDRESS=address, APP_API_KEYS=KEY, **LOOPBACK_CLUSTER_ENV),
                              log_path=tmp_path / "service.log")
         svc = Service(f"http://127.0.0.1:{config['service']['port']}", group)
         try:

@@ -16,6 +16,9 @@ from pathlib import Path
 from loadkit.service import ProcessGroup, child_env, free_port, wait_until
 
 RAY = str(Path(sys.executable).with_name("ray"))
+# For the head and for every process that connects to it: node addresses on loopback (Ray otherwise turns
+# 127.0.0.1 into the machine's interface address), and Ray's token authentication on both sides.
+LOOPBACK_CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
 
 
 def _listening(port: int) -> bool:
@@ -29,7 +32,7 @@ def ray_head(tmp: Path, num_cpus: int = 2) -> Iterator[str]:
     port = free_port()
     group = ProcessGroup([RAY, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
                           f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"],
-                         cwd=tmp, env=child_env(), log_path=tmp / "ray-head.log")
+                         cwd=tmp, env=child_env(**LOOPBACK_CLUSTER_ENV), log_path=tmp / "ray-head.log")
     try:
         if not wait_until(lambda: _listening(port), timeout_s=60, gave_up=lambda: not group.running()):
             raise RuntimeError(f"the Ray head did not start; log tail:\n{group.log_tail()}")

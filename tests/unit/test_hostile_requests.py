@@ -70,15 +70,15 @@ async def test_tokenizing_holds_no_admission_slot_and_its_queue_is_bounded():
     engine = FakeEngine()
     host = EngineHost(cfg.models[0], engine)
     gate = asyncio.Event()
-    host._in_tokenizer_thread_original = host._in_tokenizer_thread
+    in_thread = host.prompts.in_thread
 
     async def held_tokenizer(fn, *args):  # the tokenizer thread is busy until `gate` opens
         await gate.wait()
-        return await host._in_tokenizer_thread_original(fn, *args)
+        return await in_thread(fn, *args)
 
-    host._in_tokenizer_thread = held_tokenizer
+    host.prompts.in_thread = held_tokenizer
     waiting = [asyncio.ensure_future(anext(host.generate(make_request("hi")))) for _ in range(2)]
-    await until(lambda: host._tokenizing == 2, what="two prompts waiting for the tokenizer")
+    await until(lambda: host.prompts.waiting == 2, what="two prompts waiting for the tokenizer")
     assert host.admission.stats().in_system == 0  # no slot is held while waiting for the tokenizer
     with pytest.raises(QueueFull, match="tokenizer"):
         await anext(host.generate(make_request("hi")))

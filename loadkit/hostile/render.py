@@ -73,7 +73,7 @@ def setup_lines(facts: RunFacts, r: HostileResult) -> list[str]:
         f"{p.huge_headers} huge header blocks of {p.huge_header_bytes / 2**20:g} MiB (half at once, half "
         f"{p.huge_slow_chunk} B every {p.huge_slow_interval_s:g} s); {p.giant_prompts} giant prompts of "
         f"{p.giant_prompt_bytes / 1000:g} KB, sent first (answered {r.attack.giant_first_s:.1f} s after the start, "
-        "then the sockets opened); a /tokenize flood ({p.tokenize_clients} closed-loop clients, "
+        f"then the sockets opened); a /tokenize flood ({p.tokenize_clients} closed-loop clients, "
         f"{p.tokenize_requests} requests of {p.tokenize_prompt_words} words at most)",
         f"- Polite client: its own process, one short chat (max_tokens 16, temperature 0) every "
         f"{p.polite_interval_s:g} s, client timeout {p.polite_timeout_s:g} s; {p.baseline_s:g} s alone before the "

@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench overload fuzz clean
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench overload hostile fuzz clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,10 @@ test-integration: setup
 
 overload: setup
 	$(PY) scripts/overload.py
+
+# Hostile clients (slow readers, idle and slowloris connections, huge headers, giant prompts) beside a polite one.
+hostile: setup
+	$(PY) scripts/hostile.py
 
 # The benchmark's peers install from the project's own files: the `bench` extra (what Ray Serve LLM imports).
 BENCH_STAMP := $(VENV)/.setup-bench-$(ACCEL)

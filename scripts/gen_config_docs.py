@@ -129,7 +129,9 @@ def _bounds(field, annotation: Any) -> list[str]:
         elif isinstance(m, annotated_types.Lt):
             out.append(f"< {m.lt}")
         elif isinstance(m, annotated_types.MinLen):
-            out.append(f"at least {m.min_length} {'item' if is_list else 'character'}{'s' if m.min_length != 1 else ''}")
+            out.append(
+                f"at least {m.min_length} {'item' if is_list else 'character'}{'s' if m.min_length != 1 else ''}"
+            )
         elif isinstance(m, annotated_types.MaxLen):
             out.append(f"at most {m.max_length} {'items' if is_list else 'characters'}")
         elif getattr(m, "pattern", None):
@@ -174,7 +176,11 @@ def _table(model: type[BaseModel]) -> list[str]:
     for name, field in model.model_fields.items():
         annotation = field.annotation
         kind = ", ".join([_type_name(annotation), *_bounds(field, annotation)])
-        rows.append("| " + " | ".join(_cell(c) for c in (f"`{name}`", kind, _default(field), _description(field, annotation))) + " |")
+        rows.append(
+            "| "
+            + " | ".join(_cell(c) for c in (f"`{name}`", kind, _default(field), _description(field, annotation)))
+            + " |"
+        )
     return rows
 
 
@@ -199,7 +205,9 @@ def render() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate docs/configuration.md from app/config.py.")
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is not what would be generated")
-    parser.add_argument("--output", type=Path, default=DOC, help=f"file to write or check (default: {DOC.relative_to(REPO)})")
+    parser.add_argument(
+        "--output", type=Path, default=DOC, help=f"file to write or check (default: {DOC.relative_to(REPO)})"
+    )
     args = parser.parse_args(argv)
     text = render()
     if args.check:
@@ -207,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         if current == text:
             print(f"{args.output} is up to date")
             return 0
-        diff = difflib.unified_diff(current.splitlines(), text.splitlines(), str(args.output), "generated", lineterm="", n=1)
+        diff = difflib.unified_diff(
+            current.splitlines(), text.splitlines(), str(args.output), "generated", lineterm="", n=1
+        )
         print("\n".join(list(diff)[:60]))
-        print(f"\n{args.output} is stale: run `python scripts/gen_config_docs.py` and commit the result", file=sys.stderr)
+        print(
+            f"\n{args.output} is stale: run `python scripts/gen_config_docs.py` and commit the result", file=sys.stderr
+        )
         return 1
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)

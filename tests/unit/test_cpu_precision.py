@@ -1,6 +1,7 @@
 """`app.precision`, `app.cpu_facts` and `app.core_plan`: the precision decision from given flag sets, the
-micro-benchmark on a fake clock, the core plan for given topologies (checked by hand against vLLM 0.32's own `OMPProcessManager._get_autobind_cpu_ids`), and the
-start-up line. Nothing here reads the real machine except where a test says so, and nothing is timed."""
+micro-benchmark on a fake clock, the core plan for given topologies (checked by hand against vLLM 0.32's own
+`OMPProcessManager._get_autobind_cpu_ids`), and the start-up line. Nothing here reads the real machine except
+where a test says so, and nothing is timed."""
 
 from __future__ import annotations
 

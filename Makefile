@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench overload hostile fuzz clean
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench overload hostile fuzz clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -28,6 +28,14 @@ serve: setup
 lint: setup
 	$(VENV)/bin/ruff check app loadkit scripts benchmarks tests
 	$(VENV)/bin/mypy
+
+# A multi-node Ray cluster on this machine (a head and WORKERS worker nodes, each its own raylet).
+WORKERS ?= 2
+cluster-up: setup
+	$(PY) -m app cluster up --workers $(WORKERS)
+
+cluster-down: setup
+	$(PY) -m app cluster down
 
 test: setup
 	$(PY) -m pytest -q tests

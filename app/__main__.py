@@ -1,3 +1,5 @@
+"""`python -m app`: the command line (cli.py)."""
+
 import sys
 
 from app.cli import main

@@ -172,6 +172,28 @@ def engine_setup_here(model: ModelConfig) -> str:
     return line + "".join(f"\n    warning: {w}" for w in warnings)
 
 
+def cluster_command(action: str, workers: int, cpus_per_worker: int) -> int:
+    from app import local_cluster
+
+    if action == "down":
+        leftovers = local_cluster.down()
+        say(f"cluster down; {leftovers} leftover process(es) killed" if leftovers else "cluster down; nothing left")
+        return 0
+    try:
+        state = local_cluster.up(workers, cpus_per_worker)
+    except local_cluster.ClusterError as err:
+        say(str(err))
+        local_cluster.down()
+        return 1
+    env = " ".join(f"{k}={v}" for k, v in local_cluster.env_for_clients(state.address).items())
+    say(
+        f"cluster up: a head and {workers} worker node(s) at {state.address}; deploy with `{env} python -m app serve "
+        "--config ...`; stop with `python -m app cluster down`"
+    )
+    print(state.address)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas."
@@ -193,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     p_prep.add_argument("--force", action="store_true", help="prepare again even if cached")
     p_check = sub.add_parser("check-config", help="validate a config file without starting anything")
     p_check.add_argument("config", type=Path)
+    p_cluster = sub.add_parser("cluster", help="a multi-node Ray cluster on this machine (Ray's own `ray start`)")
+    p_cluster.add_argument("action", choices=("up", "down"))
+    p_cluster.add_argument("--workers", type=int, default=2, help="worker nodes (up; default 2)")
+    p_cluster.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs each worker node offers (up)")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "serve":
             return serve_command(args.config, args.startup_timeout, via_serve_proxy=args.serve_proxy)
+        if args.command == "cluster":
+            return cluster_command(args.action, args.workers, args.cpus_per_worker)
         if args.command == "prepare-model":
             from app.model_store import prepare_default_model
 

@@ -19,7 +19,6 @@ import pytest
 
 from tests.integration.conftest import Service, base_config, free_port, running_stack
 
-
 # The session's stack may be up beside this one, sharing the cores: a request takes longer than on a stack
 # alone (measured: 150 tokens took over 10 s), so the drain waits longer than the shared stack's 10 s before
 # it gives up on a request in flight.

@@ -5,7 +5,8 @@ Giant prompts go out first and are answered (or `GIANT_FIRST_S` passes) before t
 then the idle, slowloris and huge-header sockets and the /tokenize flood. Once a second the watcher looks
 at the non-readers without reading (poll, SO_ERROR), at the listener's connection table (which client ports
 the server still holds), at the replica's memory and descriptors, and at /stats; every `LAG_SCRAPE_S` at
-/metrics. At the end, per non-reader, the bytes waiting unread (FIONREAD) and one non-blocking MSG_PEEK;
+/metrics. At the end, per non-reader, the bytes waiting unread (FIONREAD), the bytes the server's kernel holds
+for it (/proc/net/tcp) and one non-blocking MSG_PEEK;
 then every socket is closed and every unfinished request cancelled.
 """
 
@@ -22,7 +23,7 @@ from loadkit.hostile.checks import StatsPoint, lag_histogram, stats_point
 from loadkit.hostile.floods import Answer, giant_prompts, tokenize_flood
 from loadkit.hostile.lag import Histogram
 from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS
-from loadkit.hostile.server_view import ServerView
+from loadkit.hostile.server_view import ServerView, send_queues
 from loadkit.hostile.sockets import SocketRecord, hangup, peek, unread
 
 WATCH_S = 1.0
@@ -113,10 +114,11 @@ async def attack(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, hostil
         await _look(fleet, view)  # a last look before the driver's own closes
     except OSError:
         out.watch_errors += 1
+    queued = await asyncio.to_thread(send_queues, fleet.endpoint.port)
     for rec in fleet.of(NON_READER):
         sock = fleet.sock(rec)
         if sock is not None:
-            rec.unread_bytes = unread(sock)
+            rec.unread_bytes, rec.server_queued = unread(sock), queued.get(rec.local_port)
             if rec.closed_at is None:
                 rec.end_state = peek(sock)
     for rec in fleet.of(NON_READER):

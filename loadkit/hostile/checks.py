@@ -1,11 +1,14 @@
-"""What the service says about itself, read over HTTP: /stats (the engine's and the admission's figures, the
-engine's dtype), the wait until nothing is running, the normal chat afterwards, and /metrics.
+"""What the service says about itself: over HTTP, /stats (the engine's and the admission's figures, the engine's
+dtype), the wait until nothing is running, the normal chat afterwards, and /metrics; and, for a service this
+driver started, its log's `engine request` lines (how each engine request ended).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,3 +112,22 @@ async def lag_histogram(http: httpx.AsyncClient) -> Histogram | None:
     except httpx.HTTPError:
         return None
     return parse_histogram(r.text) if r.status_code == 200 else None
+
+
+def engine_outcomes(log_text: str) -> tuple[dict[str, int], dict[str, float]]:
+    """From a service log: how many `engine request` lines ended each way, and the median generated tokens of
+    each outcome."""
+    outcomes: Counter[str] = Counter()
+    tokens: dict[str, list[int]] = {}
+    for line in log_text.splitlines():
+        if '"engine request"' not in line or "{" not in line:
+            continue
+        try:
+            d = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        outcome = str(d.get("outcome", "?"))
+        outcomes[outcome] += 1
+        tokens.setdefault(outcome, []).append(int(d.get("generated_tokens") or 0))
+    medians = {k: sorted(v)[len(v) // 2] for k, v in tokens.items() if v}
+    return dict(outcomes.most_common()), medians

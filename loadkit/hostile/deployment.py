@@ -128,6 +128,9 @@ class OwnService:
     def log_tail(self, chars: int = 3000) -> str:
         return self.group.log_tail(chars) if self.group else ""
 
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
 
 def _service_root(port: int) -> int | None:
     """The `app serve` process above whoever listens on `port` (same user); else the listener itself."""

@@ -27,7 +27,10 @@ class KindFigures:
     p50_s: float | None  # time from open to the server's end, over those it ended
     max_s: float | None
     end_states: dict[str, int]  # non-readers: what a MSG_PEEK found at the end
-    unread_max: int | None = None  # non-readers: the most bytes left unread in one client's buffer
+    still_open: int = 0  # connected sockets the server had not ended by the end of the attack
+    unread_p50: float | None = None  # those non-readers: bytes unread in the client's buffer at the end
+    queued_p50: float | None = None  # those non-readers: bytes in the server's kernel send queue at the end
+    queued_max: int | None = None
 
     @property
     def all_ended(self) -> bool:
@@ -42,7 +45,9 @@ def kind_figures(result: HostileResult, kind: str) -> KindFigures:
     # the client's own view names the end where it saw one; else only the server's connection table did
     by = Counter(r.how if r.closed_at is not None and r.closed_at <= result.attack.ended else "server released (table)"
                  for r in ended)
-    unread = [r.unread_bytes for r in recs if r.unread_bytes is not None]
+    still = [r for r in connected if r not in ended]
+    unread = [r.unread_bytes for r in still if r.unread_bytes is not None]
+    queued = [r.server_queued for r in still if r.server_queued is not None]
     return KindFigures(
         kind=kind, planned=result.plan.count(kind), connected=len(connected),
         open_errors=dict(Counter(r.open_error for r in recs if r.opened_at is None)),
@@ -50,7 +55,8 @@ def kind_figures(result: HostileResult, kind: str) -> KindFigures:
         answers=dict(Counter(str(r.answer) for r in ended if r.answer is not None).most_common()),
         p50_s=percentile(times, 50), max_s=max(times, default=None),
         end_states=dict(Counter(r.end_state for r in recs if r.end_state).most_common()),
-        unread_max=max(unread, default=None))
+        still_open=len(still), unread_p50=percentile(unread, 50), queued_p50=percentile(queued, 50),
+        queued_max=max(queued, default=None))
 
 
 @dataclass(frozen=True)

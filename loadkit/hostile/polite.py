@@ -133,7 +133,8 @@ class PoliteProcess:
         return load(self.out)
 
     def stop(self) -> list[PoliteRecord]:
-        if self.proc.stdin is not None:
+        """Idempotent: the records, once the process has ended."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
         try:
             self.proc.wait(timeout=self.timeout_s + 15)

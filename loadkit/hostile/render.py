@@ -77,7 +77,7 @@ def setup_lines(facts: RunFacts, r: HostileResult) -> list[str]:
         f"{p.tokenize_requests} requests of {p.tokenize_prompt_words} words at most)",
         f"- Polite client: its own process, one short chat (max_tokens 16, temperature 0) every "
         f"{p.polite_interval_s:g} s, client timeout {p.polite_timeout_s:g} s; {p.baseline_s:g} s alone before the "
-        "attack, on until the service is idle again after it",
+        "attack, stopped after three requests sent once it was over (before the wait for idle)",
     ]
 
 
@@ -109,10 +109,18 @@ def socket_lines(r: HostileResult) -> list[str]:
                    f"{counts_text(f.answers) if f.answers else '-'} | {secs(f.p50_s)} / {secs(f.max_s)} | "
                    f"{counts_text(f.end_states) if f.end_states else '-'} |")
     nr = kind_figures(r, NON_READER)
-    unread = (f" The most bytes one non-reader had received and left unread (FIONREAD) at the end: {nr.unread_max}."
-              if nr.unread_max is not None else "")
+    held = ""
+    if nr.still_open:
+        held = (f" The {nr.still_open} non-readers the server still held at the end had, each, a median "
+                f"{_kb(nr.unread_p50)} received and unread in the client's buffer (FIONREAD) and {_kb(nr.queued_p50)} "
+                f"(at most {_kb(nr.queued_max)}) queued in the server's kernel send buffer (/proc/net/tcp tx_queue): "
+                "the write-stall clock starts only once that buffer and asyncio's write buffer are full.")
     return [*out, "", f"Sockets the server had not ended when the attack was over (closed by this driver): "
-                      f"{r.attack.closed_by_driver}.{unread}", ""]
+                      f"{r.attack.closed_by_driver}.{held}", ""]
+
+
+def _kb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1000:.1f} KB"
 
 
 def request_lines(r: HostileResult) -> list[str]:
@@ -142,9 +150,10 @@ def timeline_lines(r: HostileResult) -> list[str]:
            "|---|---|---|---|---|---|"]
     rows = [("before", r.baseline, None)]
     next_t = r.attack.started
-    for s in r.samples:
+    for s in r.during_attack():
         if s.t >= next_t:
-            rows.append((f"{r.rel(s.t):.0f}", s, min(r.attack.stats, key=lambda p: abs(p.t - s.t), default=None)))
+            near = [p for p in r.attack.stats if abs(p.t - s.t) <= 2.0]
+            rows.append((f"{r.rel(s.t):.0f}", s, min(near, key=lambda p: abs(p.t - s.t), default=None)))
             next_t = s.t + TIMELINE_EVERY_S
     rows.append(("idle after", r.after, r.idle_after.last))
     for label, s, st in rows:

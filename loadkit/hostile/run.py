@@ -21,7 +21,7 @@ import httpx
 
 from loadkit.hostile.attack import attack
 from loadkit.hostile.attackers import Endpoint, Fleet
-from loadkit.hostile.checks import capital_of_france, engine_facts, lag_histogram, wait_idle
+from loadkit.hostile.checks import capital_of_france, engine_facts, engine_outcomes, lag_histogram, wait_idle
 from loadkit.hostile.deployment import OwnService, UrlService
 from loadkit.hostile.plan import Clocks, Plan
 from loadkit.hostile.polite import PoliteProcess
@@ -100,16 +100,16 @@ async def drive(o: Options, service) -> HostileResult:
             limits = httpx.Limits(max_connections=plan.giant_prompts + plan.tokenize_clients + 2)
             async with httpx.AsyncClient(base_url=service.base_url, headers=headers, limits=limits) as hostile_http:
                 a = await attack(fleet, view, http, hostile_http, model)
-            log(f"attack over; {a.closed_by_driver} hostile sockets the server had not ended, closed here; "
-                "waiting for idle")
+            log(f"attack over; {a.closed_by_driver} hostile sockets the server had not ended, closed here")
+            await _until(lambda: sum(r.start >= a.ended for r in polite.records()) >= POLITE_AFTER,
+                         plan.polite_timeout_s + 10)
+            records = polite.stop()  # before the idle check: its own requests would keep the engine busy
             idle = await wait_idle(http, model, plan.settle_timeout_s)
             log(f"idle: {idle.reached} in {idle.took_s:.1f} s")
             await _until(lambda: _released(view, baseline), 30)  # the server lets go of the sockets closed here
             after = await asyncio.to_thread(view.sample)
             paris = await capital_of_france(http, model)
             log(f"after: {paris.detail}")
-            await _until(lambda: sum(r.start >= a.ended for r in polite.records()) >= POLITE_AFTER,
-                         plan.polite_timeout_s + 10)
             lag_after = await lag_histogram(http)
         finally:
             fleet.close()
@@ -162,6 +162,10 @@ def run(o: Options) -> int:
             log(f"service stopped: {report.text() if report else 'never started'}")
             if result is not None:
                 result.leftover = service.leftover()
+                outcomes, tokens = engine_outcomes(service.log_text())
+                if outcomes:
+                    result.notes.append("Service log, `engine request` lines by outcome (median generated tokens): "
+                                        + ", ".join(f"{k} {v} ({tokens.get(k, 0)})" for k, v in outcomes.items()))
     targets = evaluate(result)
     facts = RunFacts(command=o.command, machine=facts_machine, vllm=vllm, commit=commit, mode=service.mode)
     section = render(facts, result, targets)

@@ -5,7 +5,8 @@ HTTP, the replica itself; behind Serve's proxy, the proxy). The replica is found
 (`ServeReplica:*`) in the service's process tree (loadkit.proctree); with none there (a service that is not
 Ray Serve), the listener stands in. A sample is the replica's RSS and open file descriptors and the listener's
 connections on the port, by the client port at their far end: a hostile socket whose port is gone from that
-table has been closed by the server, whatever its client could see.
+table has been closed by the server, whatever its client could see. `send_queues` reads, from /proc/net/tcp,
+how many bytes the server's kernel holds unsent or unacknowledged for each of those connections.
 """
 
 from __future__ import annotations
@@ -77,6 +78,35 @@ class ServerView:
         s = Sample(time.monotonic(), rss, fds, len(ports or ()))
         self.samples.append(s)
         return s
+
+
+def parse_send_queues(text: str, port: int) -> dict[int, int]:
+    """From /proc/net/tcp(6) text: bytes in the kernel send queue (tx_queue: sent but unacknowledged, plus not
+    yet sent) of every connection whose local port is `port`, by its remote (client) port."""
+    out: dict[int, int] = {}
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 5 or ":" not in fields[1] or ":" not in fields[4]:
+            continue
+        local, remote, queues = fields[1], fields[2], fields[4]
+        try:
+            if int(local.rsplit(":", 1)[1], 16) == port:
+                out[int(remote.rsplit(":", 1)[1], 16)] = int(queues.split(":")[0], 16)
+        except ValueError:
+            continue
+    return out
+
+
+def send_queues(port: int) -> dict[int, int]:
+    """The server side's kernel send queues on `port` (this network namespace), by client port."""
+    out: dict[int, int] = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                out.update(parse_send_queues(f.read(), port))
+        except OSError:
+            continue
+    return out
 
 
 def _title(p: psutil.Process | None) -> str:

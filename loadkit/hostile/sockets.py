@@ -43,6 +43,7 @@ class SocketRecord:
     released_at: float | None = None  # first sample in which the server no longer held it
     end_state: str = ""  # non-readers, at the end: what a non-blocking MSG_PEEK found
     unread_bytes: int | None = None  # non-readers, at the end: bytes waiting in the client's buffer (FIONREAD)
+    server_queued: int | None = None  # non-readers, at the end: bytes in the server's kernel send queue for it
 
     @property
     def ended_at(self) -> float | None:

@@ -1,8 +1,9 @@
 """Smoke test for scripts/hostile.py (the command line of loadkit.hostile) against a real stack of its own.
 
 The stack is conftest's (`running_stack` on `base_config`: 4 running + 4 queued, the default model) with the
-connection clocks cut to a few seconds. The driver drives it by URL with tiny counts: 5 non-readers (n 4 and
-top_logprobs 5, so that each never-read stream fills the buffers within seconds rather than minutes), 20 idle,
+connection clocks cut to a few seconds and `max_logprobs` 20. The driver drives it by URL with tiny counts: 5
+non-readers (n 4 and top_logprobs 20: a few KB per token step, so that each never-read stream fills the ~160 KB
+of buffers in front of the write-stall clock within seconds; a plain stream on this CPU takes minutes), 20 idle,
 5 slowloris, 2 huge header blocks, 2 giant prompts and a short /tokenize flood, beside its polite client. Its
 report's targets must all pass (their bounds are generous here: a smoke test, not a measurement), and the
 service must be idle afterwards.
@@ -21,7 +22,7 @@ from tests.integration.conftest import API_KEY, MODEL, REPO, base_config, free_p
 pytestmark = pytest.mark.integration
 
 CLOCKS = {"header_timeout": 2.0, "body_timeout": 3.0, "keep_alive_timeout": 3.0, "write_stall_timeout": 3.0}
-TINY = {"non-readers": 5, "non-reader-n": 4, "non-reader-logprobs": 5, "idle": 20, "slowloris": 5,
+TINY = {"non-readers": 5, "non-reader-n": 4, "non-reader-logprobs": 20, "idle": 20, "slowloris": 5,
         "huge-headers": 2, "huge-header-mb": 1, "giant-prompts": 2, "tokenize-clients": 2, "tokenize-requests": 20,
         "duration": 45, "baseline": 2, "serve-grace": 60, "settle-timeout": 60}
 RUN_TIMEOUT_S = 420  # a bound on the whole driver run, so a hang fails the test instead of stalling the suite
@@ -31,6 +32,7 @@ RUN_TIMEOUT_S = 420  # a bound on the whole driver run, so a hang fails the test
 def hostile_stack(tmp_path_factory):
     config = base_config(free_port())
     config["service"].update({f"{k}_s": v for k, v in CLOCKS.items()})
+    config["models"][0]["limits"]["max_logprobs"] = 20
     with running_stack(tmp_path_factory.mktemp("hostile-stack"), config) as svc:
         yield svc
 

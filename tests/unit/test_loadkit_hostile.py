@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from loadkit.hostile.attack import Attack, mark_released
-from loadkit.hostile.checks import Check, EngineFacts, Idle, StatsPoint
+from loadkit.hostile.checks import Check, EngineFacts, Idle, StatsPoint, engine_outcomes
 from loadkit.hostile.deployment import NotLoopback, OwnService, loopback_url
 from loadkit.hostile.floods import GIANT, TOKENIZE, Answer
 from loadkit.hostile.lag import max_range, parse_histogram, quantile_bound
@@ -22,7 +22,7 @@ from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLOR
 from loadkit.hostile.polite import PoliteRecord, longest_unserved_s, served_again_s
 from loadkit.hostile.render import DOC, RunFacts, render, vector_text
 from loadkit.hostile.result import HostileResult
-from loadkit.hostile.server_view import Sample
+from loadkit.hostile.server_view import Sample, parse_send_queues
 from loadkit.hostile.sockets import SocketRecord, hangup, peek, unread
 from loadkit.hostile.targets import evaluate
 from loadkit.hostile.wire import HeaderDrip, huge_header_block, request_bytes, status_of
@@ -86,6 +86,23 @@ def test_a_socket_the_client_saw_closed_and_the_server_never_listed_is_released_
     rec.saw_close("reset", at=1.2)
     mark_released([rec], set(), sampled_at=2.0)
     assert rec.released_at == 2.0 and rec.ended_at == 1.2 and rec.how == "reset"
+
+
+def test_the_servers_send_queues_by_client_port_from_proc_net_tcp():
+    text = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+            "   0: 0100007F:1F90 0100007F:D431 01 0001A000:00000000 00:00000000 00000000     0        0 1\n"
+            "   1: 0100007F:D431 0100007F:1F90 01 00000000:00001000 00:00000000 00000000     0        0 2\n"
+            "   2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3\n")
+    assert parse_send_queues(text, 0x1F90) == {0xD431: 0x1A000, 0: 0}
+
+
+def test_the_service_logs_engine_requests_are_counted_by_outcome():
+    log = "\n".join([
+        '(ServeReplica pid=1) {"message": "engine request", "outcome": "client_gone", "generated_tokens": 225}',
+        '(ServeReplica pid=1) {"message": "engine request", "outcome": "client_gone", "generated_tokens": 220}',
+        '(ServeReplica pid=1) {"message": "engine request", "outcome": "queue_timeout"}',
+        '{"message": "request", "status": 200}', "not json at all"])
+    assert engine_outcomes(log) == ({"client_gone": 2, "queue_timeout": 1}, {"client_gone": 225, "queue_timeout": 0})
 
 
 # -- the bytes sent ---------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """A multi-node Ray cluster on this one machine, made with Ray's own `ray start`: a head and N worker nodes.
 
 Each node is its own raylet, started by `ray start --block` in a session of its own, so stopping that session
-stops every process of the node (what a pod loss does on KubeRay). Every node binds 127.0.0.1 and the cluster
-runs with Ray's token authentication. `up` leaves the cluster running and writes its address and nodes to a
-state file; `down` stops what the state file names and then anything still carrying the cluster's tag.
+stops every process of the node (what a pod loss does on KubeRay). The cluster runs with Ray's token
+authentication; its nodes use this machine's interface address (see CLUSTER_ENV). `up` leaves the cluster
+running and writes its address and nodes to a state file; `down` stops what the state file names and then
+anything still carrying the cluster's tag.
 Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve deploy --address ...`.
 
-    python -m app cluster up --workers 2      # prints RAY_ADDRESS=127.0.0.1:<port>
+    python -m app cluster up --workers 2      # prints the address to use as RAY_ADDRESS
     python -m app cluster down
 """
 
@@ -27,8 +28,10 @@ import psutil
 
 STATE_DIR = Path(os.environ.get("APP_CLUSTER_DIR", Path.home() / ".cache" / "app-llm-serve" / "cluster"))
 TAG_ENV = "APP_LOCAL_CLUSTER"
-# Node addresses on loopback (Ray otherwise turns 127.0.0.1 into the machine's interface address), and token auth.
-CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
+# Token authentication on every node and client. Not RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps a single
+# node on loopback: with it no worker node may join ("Multi-node Ray clusters are not supported"); so Ray turns
+# 127.0.0.1 into this machine's interface address and its servers listen there too (token auth guards them).
+CLUSTER_ENV = {"RAY_AUTH_MODE": "token"}
 _RAY = str(Path(sys.executable).with_name("ray"))
 
 
@@ -76,7 +79,7 @@ def _start_node(name: str, args: list[str], tag: str, state_dir: Path) -> Node:
     env.pop("RAY_ADDRESS", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [_RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+            [_RAY, "start", "--block", "--disable-usage-stats", *args],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -116,8 +116,9 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
 
 
 def _finite(logprob: float) -> float:
-    """A masked token's logprob is -inf, which strict JSON cannot carry; vLLM's own server clamps it the same way."""
-    return max(logprob, -9999.0)
+    """A masked token's logprob is -inf, which strict JSON cannot carry; vLLM's own server clamps it the same way.
+    NaN (a broken step) is clamped too: the encoder refuses it, and one odd number must not fail the request."""
+    return logprob if logprob >= -9999.0 else -9999.0  # NaN compares false: clamped
 
 
 def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:

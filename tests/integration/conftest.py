@@ -118,7 +118,7 @@ def service(tmp_path_factory) -> Iterator[Service]:
 
 def stop_service(svc: Service) -> None:
     """Ctrl-C (SIGINT to its process group), SIGKILL after 120 s; then whatever of it outlived the service is
-    killed, and said (a warning in the test summary: test_zz_shutdown is the test that fails on it)."""
+    killed, and said (a warning in the test summary: test_shutdown is the test that fails on it)."""
     report = svc.group.stop(sigint_wait_s=120, sigterm_wait_s=0, sigkill_wait_s=30, leftover_wait_s=20)
     if not report.clean:
         warnings.warn(f"the service left processes behind: {report.text(20)}", stacklevel=2)

@@ -54,8 +54,9 @@ def test_sampling_params_structured_output():
 
 # -- logprobs ----------------------------------------------------------------------------------
 
-def test_finite_clamps_minus_infinity_only():
+def test_finite_clamps_minus_infinity_and_nan_only():
     assert _finite(-math.inf) == -9999.0
+    assert _finite(math.nan) == -9999.0
     assert _finite(-12345.0) == -9999.0
     assert _finite(-1.5) == -1.5
     assert _finite(0.0) == 0.0

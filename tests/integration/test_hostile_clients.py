@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import socket
-import time
 import uuid
 
 import httpx
@@ -60,8 +59,7 @@ def test_a_stream_that_is_never_read_is_cut_off_and_its_engine_request_aborted(s
 
 def test_a_connection_that_sends_nothing_is_closed_with_a_408(service):
     sock = _connect(service.base_url)
-    sock.settimeout(30)
-    started = time.monotonic()
+    sock.settimeout(60)  # a hang guard: had the server not closed it, recv() raises instead of returning b""
     try:
         data = b""
         while chunk := sock.recv(65536):
@@ -70,7 +68,6 @@ def test_a_connection_that_sends_nothing_is_closed_with_a_408(service):
         sock.close()
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408") and json.loads(body)["error"]["code"] == "client_timeout"
-    assert time.monotonic() - started < 30  # closed by the server (header_timeout_s is 3 s), not by us
 
 
 def test_giant_prompts_cost_no_slot_and_a_normal_chat_is_served_beside_them(service, http):

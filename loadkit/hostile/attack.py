@@ -13,6 +13,7 @@ then every socket is closed and every unfinished request cancelled.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class Attack:
     stats: list[StatsPoint] = field(default_factory=list)
     lag: list[tuple[float, Histogram]] = field(default_factory=list)  # /metrics snapshots during the attack
     watch_errors: int = 0
+    loadavg: tuple[tuple[float, float, float], ...] = ()  # at the start and at the end
+    other_engines: tuple[int, ...] = ()  # vLLM engines on this machine outside the service, at the start and the end
     giant_first_s: float = 0.0  # from the start until the giant prompts were answered and the sockets opened
     closed_by_driver: int = 0  # sockets the server had not ended when the attack was over (this driver closed them)
 
@@ -97,6 +100,7 @@ async def attack(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, hostil
                  model: str) -> Attack:
     """`http`: the watcher's own client; `hostile_http`: the giant prompts' and the flood's."""
     plan, out, stop = fleet.plan, Attack(), asyncio.Event()
+    out.loadavg, out.other_engines = (os.getloadavg(),), (await asyncio.to_thread(view.other_engines),)
     out.started = time.monotonic()
     giant = asyncio.create_task(giant_prompts(hostile_http, model, plan, out.answers), name="giant prompts")
     # The giant prompts are answered (or GIANT_FIRST_S passes) before the non-readers fill every slot: once they
@@ -125,6 +129,8 @@ async def attack(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, hostil
         if not rec.end_state and rec.closed_at is not None:
             rec.end_state = rec.how
     out.ended = time.monotonic()
+    out.loadavg += (os.getloadavg(),)
+    out.other_engines += (await asyncio.to_thread(view.other_engines),)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -75,10 +75,22 @@ def setup_lines(facts: RunFacts, r: HostileResult) -> list[str]:
         f"{p.giant_prompt_bytes / 1000:g} KB, sent first (answered {r.attack.giant_first_s:.1f} s after the start, "
         f"then the sockets opened); a /tokenize flood ({p.tokenize_clients} closed-loop clients, "
         f"{p.tokenize_requests} requests of {p.tokenize_prompt_words} words at most)",
+        _contention(r),
         f"- Polite client: its own process, one short chat (max_tokens 16, temperature 0) every "
         f"{p.polite_interval_s:g} s, client timeout {p.polite_timeout_s:g} s; {p.baseline_s:g} s alone before the "
         "attack, stopped after three requests sent once it was over (before the wait for idle)",
     ]
+
+
+def _contention(r: HostileResult) -> str:
+    la, others = r.attack.loadavg, r.attack.other_engines
+    loads = " and ".join(f"{x[0]:.1f}" for x in la) or "-"
+    text = f"- Load average (1 min) at the attack's start and end: {loads}; "
+    if any(others):
+        return text + (f"**other vLLM engines were running on this machine** (outside this service; "
+                       f"{' and '.join(map(str, others))} at the start and end): every figure shares the cores "
+                       "with them")
+    return text + "no other vLLM engine running on this machine"
 
 
 def polite_lines(r: HostileResult) -> list[str]:

@@ -67,6 +67,16 @@ class ServerView:
             return None
         return {c.raddr.port for c in conns if c.raddr and c.laddr and c.laddr.port == self.port}
 
+    def other_engines(self) -> int:
+        """vLLM engine processes on this machine that are not the service's (another stack competing for the
+        cores makes every figure of the run worse)."""
+        mine = {p.pid for p in self.tree.processes()} if self.tree is not None else set()
+        count = 0
+        for p in psutil.process_iter(["pid", "name"]):
+            if p.info["pid"] not in mine and "EngineCore" in (p.info["name"] or ""):
+                count += 1
+        return count
+
     def sample(self, ports: set[int] | None = None) -> Sample | None:
         if self.replica is None:
             return None

@@ -1,6 +1,7 @@
 """The hostile run's targets, PASS or FAIL, from its result.
 
-- the polite client is served (a 200) within `write_stall_timeout_s` + `serve_grace_s` of the attack's start;
+- the polite client is served (a 200) within `write_stall_timeout_s` + `serve_grace_s` of the attack's start,
+  and never goes longer than that without a 200 while the attack lasts;
 - the event-loop lag p99 is under 50 ms (its bucket bound, over the whole attack, from /metrics deltas);
 - memory bounded: the replica's RSS never above 1.25 x its RSS before the attack;
 - descriptors bounded: the replica's open descriptors never above its count before the attack plus one per
@@ -47,16 +48,20 @@ class Target:
         return f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
 
 
-def polite_target(r: HostileResult) -> Target:
+def polite_targets(r: HostileResult) -> list[Target]:
     bound = r.clocks.write_stall_timeout_s + r.plan.serve_grace_s
     p = polite_figures(r)
-    name = (f"polite client served within write_stall_timeout_s + {r.plan.serve_grace_s:g} s = {bound:g} s of the "
-            "attack's start")
     got = p.served_again_s
-    return Target(name, got is not None and got <= bound,
-                  (f"first 200 {got:.1f} s after the attack began" if got is not None else
-                   "never served during the run after the attack began")
-                  + f"; longest stretch without a 200 during the attack {p.longest_unserved_s:.1f} s")
+    return [
+        Target(f"polite client served within write_stall_timeout_s + {r.plan.serve_grace_s:g} s = {bound:g} s of the "
+               "attack's start", got is not None and got <= bound,
+               f"first 200 {got:.1f} s after the attack began" if got is not None else
+               "never served during the run after the attack began"),
+        Target(f"polite client never without a 200 for longer than {bound:g} s during the attack",
+               p.longest_unserved_s <= bound,
+               f"longest stretch without a 200 {p.longest_unserved_s:.1f} s; during the attack "
+               f"{counts_text(p.during)}"),
+    ]
 
 
 def lag_target(r: HostileResult) -> Target:
@@ -129,4 +134,4 @@ def after_targets(r: HostileResult) -> list[Target]:
 
 
 def evaluate(r: HostileResult) -> list[Target]:
-    return [polite_target(r), lag_target(r), *memory_targets(r), *socket_targets(r), *after_targets(r)]
+    return [*polite_targets(r), lag_target(r), *memory_targets(r), *socket_targets(r), *after_targets(r)]

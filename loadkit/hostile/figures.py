@@ -45,7 +45,8 @@ def kind_figures(result: HostileResult, kind: str) -> KindFigures:
     # the client's own view names the end where it saw one; else only the server's connection table did
     by = Counter(r.how if r.closed_at is not None and r.closed_at <= result.attack.ended else "server released (table)"
                  for r in ended)
-    still = [r for r in connected if r not in ended]
+    ended_ids = {id(r) for r in ended}
+    still = [r for r in connected if id(r) not in ended_ids]
     unread = [r.unread_bytes for r in still if r.unread_bytes is not None]
     queued = [r.server_queued for r in still if r.server_queued is not None]
     return KindFigures(

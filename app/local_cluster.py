@@ -90,9 +90,9 @@ def _start_node(name: str, args: list[str], tag: str, state_dir: Path) -> Node:
 
 
 def _alive_nodes(address: str) -> int:
+    os.environ.update(CLUSTER_ENV)  # before `import ray`: Ray reads its auth mode when it loads
     import ray
 
-    os.environ.update(CLUSTER_ENV)
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     try:
         return sum(1 for n in ray.nodes() if n["Alive"])
@@ -100,7 +100,7 @@ def _alive_nodes(address: str) -> int:
         ray.shutdown()
 
 
-def up(workers: int, cpus_per_worker: int = 1, state_dir: Path = STATE_DIR, timeout_s: float = 120) -> ClusterState:
+def up(workers: int, cpus_per_worker: int = 1, state_dir: Path = STATE_DIR, timeout_s: float = 300) -> ClusterState:
     """A head (no CPUs: it runs Ray's control plane and Serve's controller only) and `workers` worker nodes,
     each with `cpus_per_worker` CPUs and a resource `worker-<i>` naming it."""
     state_path = state_dir / "cluster.json"
@@ -120,25 +120,19 @@ def up(workers: int, cpus_per_worker: int = 1, state_dir: Path = STATE_DIR, time
         if time.monotonic() > deadline or psutil.Process(nodes[0].pid).status() == psutil.STATUS_ZOMBIE:
             raise ClusterError(f"the head did not start; see {nodes[0].log}")
         time.sleep(0.5)  # polling the GCS port
-    for i in range(1, workers + 1):
-        nodes.append(
-            _start_node(
-                f"worker-{i}",
-                [
-                    f"--address={address}",
-                    f"--num-cpus={cpus_per_worker}",
-                    f"--resources={json.dumps({f'worker-{i}': 1})}",
-                ],
-                tag,
-                state_dir,
-            )
-        )
-    state = ClusterState(address=address, tag=tag, nodes=tuple(nodes))
-    state.save(state_path)
-    while _alive_nodes(address) < 1 + workers:
-        if time.monotonic() > deadline:
-            raise ClusterError(f"only some nodes joined within {timeout_s:.0f} s; logs in {state_dir}")
-        time.sleep(1.0)  # polling the cluster's node table
+    for i in range(1, workers + 1):  # one at a time: several raylets registering at once overloaded the GCS here
+        worker_args = [
+            f"--address={address}",
+            f"--num-cpus={cpus_per_worker}",
+            f"--resources={json.dumps({f'worker-{i}': 1})}",
+        ]
+        nodes.append(_start_node(f"worker-{i}", worker_args, tag, state_dir))
+        state = ClusterState(address=address, tag=tag, nodes=tuple(nodes))
+        state.save(state_path)
+        while _alive_nodes(address) < 1 + i:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"worker-{i} did not join within {timeout_s:.0f} s; logs in {state_dir}")
+            time.sleep(1.0)  # polling the cluster's node table
     return state
 
 

@@ -109,11 +109,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._disarm_phase()
+        # Whatever arrives after the request's end is the next request's headers. Not at the response's end:
+        # a response (a 413, say) can be complete while the client is still sending the body it refused.
+        self._in_headers, self._header_bytes = True, 0
         super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        self._in_headers, self._header_bytes = True, 0  # the next request's headers; the idle wait is uvicorn's
-        super().on_response_complete()
 
     # -- writes ------------------------------------------------------------------------------
 

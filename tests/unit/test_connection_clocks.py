@@ -146,3 +146,18 @@ async def test_an_idle_keep_alive_connection_is_closed(listening):
     raw = await _closed_by_server(reader)  # one answer, then the keep-alive clock closes the connection
     assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1") == 1
     writer.close()
+
+
+async def test_a_body_still_arriving_after_its_413_is_not_taken_for_headers(listening):
+    _, port = listening
+    reader, writer = await _open(port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b"a" * 65536
+    for _ in range(18):  # 1.2 MB in chunks, over max_body_bytes (1 MB): refused while the rest still comes
+        writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 413"), head
+    writer.close()

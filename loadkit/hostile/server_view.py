@@ -72,8 +72,10 @@ class ServerView:
         cores makes every figure of the run worse)."""
         mine = {p.pid for p in self.tree.processes()} if self.tree is not None else set()
         count = 0
-        for p in psutil.process_iter(["pid", "name"]):
-            if p.info["pid"] not in mine and "EngineCore" in (p.info["name"] or ""):
+        for p in psutil.process_iter(["pid", "name", "cmdline"]):
+            # the kernel's name is cut at 15 characters ('VLLM::EngineCor'); the title in cmdline is whole
+            text = (p.info["name"] or "") + " " + " ".join(p.info["cmdline"] or ())
+            if p.info["pid"] not in mine and "VLLM::EngineCor" in text:
                 count += 1
         return count
 

@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from loadkit.hostile.figures import (
     counts_text,
     kind_figures,
@@ -31,6 +29,7 @@ from loadkit.hostile.floods import GIANT, TOKENIZE, counts
 from loadkit.hostile.lag import seconds_text
 from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS
 from loadkit.hostile.result import HostileResult
+from loadkit.overload.targets import Target  # one Target (PASS/FAIL line) for every driver's report
 
 LAG_P99_S = 0.050
 RSS_FACTOR = 1.25
@@ -38,14 +37,6 @@ FD_MARGIN, FD_LEAK_MARGIN = 64, 16
 HEADER_GRACE_S = 3.0
 
 
-@dataclass(frozen=True)
-class Target:
-    name: str
-    ok: bool
-    detail: str
-
-    def line(self) -> str:
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.name}: {self.detail}"
 
 
 def polite_targets(r: HostileResult) -> list[Target]:

@@ -13,9 +13,12 @@ client out for 180 s, and none of the 810 sockets was ever closed (docs/hostile.
 - `header_timeout_s` from the first byte of a request (or from connect) until its headers are complete,
   and `max_header_bytes` counted as they arrive: over it, 431 and close, before the block is buffered;
 - `body_timeout_s` from the end of the headers until the body has fully arrived;
-- `write_stall_timeout_s`: while the transport cannot write (the client accepts no bytes: uvicorn's
-  flow control is paused), for that long at most; then the connection is dropped, the app sees a
-  disconnect, and the stream's engine request is aborted as for any client that hangs up.
+- `write_stall_timeout_s`: while bytes of a response wait for the client and the client acknowledges
+  none of them (the kernel's count, `tcp_delivery`), for that long at most; then the connection is
+  dropped, the app sees a disconnect, and the stream's engine request is aborted as for any client that
+  hangs up. Checked every `write_stall_timeout_s / 10` (1 s at most) while a request is in flight. Where
+  the kernel cannot tell (not Linux), the clock runs while asyncio's flow control is paused instead,
+  which starts only once some 190 KiB of buffers are full.
 The idle time between requests stays uvicorn's `timeout_keep_alive`.
 """
 
@@ -29,6 +32,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.errors import ClientTimeout, HeadersTooLarge, ServiceError
+from app.tcp_delivery import probe
 from app.wire_json import dumps
 
 _END_OF_HEADERS = b"\r\n\r\n"
@@ -61,7 +65,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None  # the one phase clock running: headers or body
-        self._stall: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None  # the paused-transport clock, where the kernel cannot tell
+        self._watch: asyncio.TimerHandle | None = None  # the delivery check, while a request is in flight
+        self._kernel_counts = True  # False once `probe` said it cannot tell on this platform
+        self._acked = -1
+        self._progress_at = 0.0  # when the client last acknowledged a byte, or had none waiting
         self._in_headers = True
         self._header_bytes = 0
         self._refused = False
@@ -84,6 +92,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_phase()
         self._disarm_stall()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._refused:
             return
         super().connection_lost(exc)
@@ -106,6 +117,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._arm_phase(self.limits.body_timeout_s)
         super().on_headers_complete()
+        if self._watch is None and self._kernel_counts:
+            self._progress_at = self.loop.time()
+            self._watch_delivery()
 
     def on_message_complete(self) -> None:
         self._disarm_phase()
@@ -116,9 +130,29 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- writes ------------------------------------------------------------------------------
 
+    def _watch_delivery(self) -> None:
+        self._watch = None
+        if self.transport.is_closing():
+            return
+        delivery = probe(self.transport.get_extra_info("socket"))
+        if delivery is None:
+            self._kernel_counts = False  # the paused-transport clock takes over
+            return
+        now = self.loop.time()
+        waiting = delivery.queued + self.transport.get_write_buffer_size()
+        if waiting == 0 or delivery.acked != self._acked:
+            self._acked, self._progress_at = delivery.acked, now
+        elif now - self._progress_at >= self.limits.write_stall_timeout_s:
+            self._stalled()
+            return
+        in_flight = self.cycle is not None and not self.cycle.response_complete
+        if in_flight or waiting:
+            interval = min(1.0, self.limits.write_stall_timeout_s / 10)
+            self._watch = self.loop.call_later(interval, self._watch_delivery)
+
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._stall is None:
+        if self._stall is None and not self._kernel_counts:
             self._stall = self.loop.call_later(self.limits.write_stall_timeout_s, self._stalled)
 
     def resume_writing(self) -> None:

@@ -5,6 +5,7 @@ their stream, or keep opening connections. Short timeouts make each clock run ou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 
@@ -30,8 +31,22 @@ def _free_port() -> int:
 async def listening():
     """A fake-engine stack (a token every 1 ms, contexts long enough to stream for a while) behind a
     listener with short clocks."""
+    async with _listening(token_delay_s=0.001) as stacked:
+        yield stacked
+
+
+@pytest.fixture
+async def listening_slowly():
+    """As `listening`, with a token every 0.2 s: some 1.5 KB/s of stream, so asyncio's flow control (which
+    pauses only once ~190 KB of buffers are full) would take minutes to notice a client that stopped reading."""
+    async with _listening(token_delay_s=0.2) as stacked:
+        yield stacked
+
+
+@contextlib.asynccontextmanager
+async def _listening(token_delay_s: float):
     config = make_config(service=CLOCKS, engine={"max_model_len": 8192}, limits={"max_tokens": 4096})
-    stack = Stack(config, FakeEngine(max_model_len=8192, token_delay_s=0.001))
+    stack = Stack(config, FakeEngine(max_model_len=8192, token_delay_s=token_delay_s))
     port = _free_port()
     listener = HttpListener(stack.app, "127.0.0.1", port, config.service)
     listener.start()
@@ -106,19 +121,61 @@ async def test_a_header_block_over_the_limit_is_refused_as_it_arrives(listening)
     writer.close()
 
 
+async def _start_stream(port: int) -> socket.socket:
+    """A raw socket (a small receive buffer set before connecting) that has sent a long streaming chat and
+    reads nothing unless the test does: an asyncio StreamReader would read ahead into its own buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    body = json.dumps(chat_body(stream=True, max_tokens=4000, ignore_eos=True)).encode()
+    await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
 async def test_a_stream_whose_client_never_reads_is_cut_off_and_its_engine_request_aborted(listening):
     stack, port = listening
-    reader, writer = await _open(port, rcvbuf=4096)
-    body = json.dumps(chat_body(stream=True, max_tokens=4000, ignore_eos=True)).encode()
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    await writer.drain()
+    sock = await _start_stream(port)
     await stack.engine.wait_running(1)
-    # Never read: the kernel buffers fill, the server's writes stall, and after write_stall_timeout_s it lets go.
+    # Never read: the client's window closes, it acknowledges nothing more, and after write_stall_timeout_s
+    # the server lets go.
     await stack.engine.wait_aborted(count=1, timeout_s=30)
     await until(lambda: stack.host.admission.stats().in_system == 0, what="the slot released")
     assert not stack.engine.running
-    writer.close()
+    sock.close()
+
+
+async def test_a_slow_stream_is_cut_off_once_its_client_accepts_nothing_not_once_every_buffer_is_full(
+    listening_slowly,
+):
+    """At ~1.5 KB/s the server's own buffers (~190 KB) would take minutes to fill; the client's 8 KB window is
+    closed within seconds, and from then on the client acknowledges nothing: cut off write_stall_timeout_s later."""
+    stack, port = listening_slowly
+    sock = await _start_stream(port)
+    await stack.engine.wait_running(1)
+    await stack.engine.wait_aborted(count=1, timeout_s=40)
+    await until(lambda: stack.host.admission.stats().in_system == 0, what="the slot released")
+    sock.close()
+
+
+async def test_a_client_that_reads_slowly_but_steadily_keeps_its_stream(listening):
+    """A reader taking 4 KB every 0.05 s is always behind a producer that writes a token a millisecond, so
+    asyncio's flow control stays paused for the whole 4 s (eight stall clocks of 0.5 s); but the client keeps
+    accepting bytes. (Its kernel reopens the window in lumps, once half of its buffer is free: reading 2 KB
+    every 0.2 s, 0.4 s apart; hence the brisk reader against so short a clock.)"""
+    stack, port = listening
+    sock = await _start_stream(port)
+    await stack.engine.wait_running(1)
+    loop, received = asyncio.get_running_loop(), 0
+    for _ in range(80):
+        received += len(await loop.sock_recv(sock, 4096))
+        await asyncio.sleep(0.05)
+    assert stack.engine.running and not stack.engine.aborted, "a client that kept reading was cut off"
+    assert received > 80_000
+    sock.close()
+    await stack.engine.wait_aborted(count=1, timeout_s=10)  # hanging up still ends its request
 
 
 async def test_connections_beyond_the_cap_are_reset_at_once_and_the_rest_still_served(listening):

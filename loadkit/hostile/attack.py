@@ -72,6 +72,10 @@ async def _look(fleet: Fleet, view: ServerView) -> None:
         how = hangup(sock)
         if how:
             rec.saw_close(how, now)
+            continue
+        taken = unread(sock)  # bytes its kernel accepted: growing means the server still gets acknowledgements
+        if taken is not None and taken > rec.accepted_bytes:
+            rec.accepted_bytes, rec.last_accepted_at = taken, now
     ports = await asyncio.to_thread(view.remote_ports)
     if ports is not None:
         mark_released(fleet.records, ports, now)

@@ -44,6 +44,8 @@ class SocketRecord:
     end_state: str = ""  # non-readers, at the end: what a non-blocking MSG_PEEK found
     unread_bytes: int | None = None  # non-readers, at the end: bytes waiting in the client's buffer (FIONREAD)
     server_queued: int | None = None  # non-readers, at the end: bytes in the server's kernel send queue for it
+    accepted_bytes: int = 0  # non-readers, while open: the most FIONREAD showed (bytes its kernel took in)
+    last_accepted_at: float | None = None  # non-readers: when FIONREAD last grew: from then on, it accepts nothing
 
     @property
     def ended_at(self) -> float | None:
@@ -60,6 +62,20 @@ class SocketRecord:
         if self.ended_at is None or self.opened_at is None:
             return None
         return max(0.0, self.ended_at - self.opened_at)
+
+    def cut_after_last_byte(self) -> float | None:
+        """Non-readers: from the last byte its kernel accepted (or its connect) to its end."""
+        start = self.last_accepted_at or self.opened_at
+        if self.ended_at is None or start is None:
+            return None
+        return max(0.0, self.ended_at - start)
+
+    def accepted_for(self) -> float | None:
+        """Non-readers: how long after connecting its kernel still accepted bytes (the server cannot tell
+        that from a client that reads)."""
+        if self.last_accepted_at is None or self.opened_at is None:
+            return None
+        return self.last_accepted_at - self.opened_at
 
     def saw_close(self, how: str, at: float | None = None) -> None:
         if self.closed_at is None:

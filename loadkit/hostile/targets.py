@@ -1,14 +1,16 @@
 """The hostile run's targets, PASS or FAIL, from its result.
 
 - the polite client is served (a 200) within `write_stall_timeout_s` + `serve_grace_s` of the attack's start,
-  and never goes longer than that without a 200 while the attack lasts;
+  and never goes longer without a 200 while the attack lasts than that plus the longest time a non-reader's
+  kernel kept accepting bytes (its window open: the server cannot tell such a client from one that reads);
 - the event-loop lag p99 is under 50 ms (its bucket bound, over the whole attack, from /metrics deltas);
 - memory bounded: the replica's RSS never above 1.25 x its RSS before the attack;
 - descriptors bounded: the replica's open descriptors never above its count before the attack plus one per
   hostile socket plus 64 (no connection costs more than one, nothing multiplies), and back within 16 of that
   count once the service is idle (nothing leaked);
 - every idle, slowloris and huge-header socket ended by the server within `header_timeout_s` + 3 s;
-- every non-reader ended by the server before the attack was over;
+- every non-reader ended by the server before the attack was over, and within `write_stall_timeout_s` +
+  `serve_grace_s` of the last byte its kernel accepted (the write-stall clock's promise);
 - nothing lost or hung: no giant prompt or /tokenize request without an answer within the timeout; idle
   (engine.running 0, admission.in_system 0) within `settle_timeout_s`; every polite request after the attack
   served; a normal chat answers "Paris"; an own service leaves no process behind.
@@ -39,8 +41,15 @@ HEADER_GRACE_S = 3.0
 
 
 
+def _accepting_s(r: HostileResult) -> float:
+    """The longest any non-reader's kernel kept accepting bytes after it connected."""
+    return max((t for rec in r.of(NON_READER) if (t := rec.accepted_for()) is not None), default=0.0)
+
+
 def polite_targets(r: HostileResult) -> list[Target]:
     bound = r.clocks.write_stall_timeout_s + r.plan.serve_grace_s
+    accepting = _accepting_s(r)
+    stretch = accepting + bound
     p = polite_figures(r)
     got = p.served_again_s
     return [
@@ -48,10 +57,11 @@ def polite_targets(r: HostileResult) -> list[Target]:
                "attack's start", got is not None and got <= bound,
                f"first 200 {got:.1f} s after the attack began" if got is not None else
                "never served during the run after the attack began"),
-        Target(f"polite client never without a 200 for longer than {bound:g} s during the attack",
-               p.longest_unserved_s <= bound,
-               f"longest stretch without a 200 {p.longest_unserved_s:.1f} s; during the attack "
-               f"{counts_text(p.during)}"),
+        Target(f"polite client never without a 200 for longer than the non-readers' accepting time + "
+               f"write_stall_timeout_s + {r.plan.serve_grace_s:g} s = {stretch:.1f} s during the attack",
+               p.longest_unserved_s <= stretch,
+               f"longest stretch without a 200 {p.longest_unserved_s:.1f} s (a non-reader's kernel accepted bytes "
+               f"for up to {accepting:.1f} s); during the attack {counts_text(p.during)}"),
     ]
 
 
@@ -102,6 +112,17 @@ def socket_targets(r: HostileResult) -> list[Target]:
     return out
 
 
+def stall_clock_target(r: HostileResult) -> Target:
+    bound = r.clocks.write_stall_timeout_s + r.plan.serve_grace_s
+    recs = [rec for rec in r.of(NON_READER) if rec.opened_at is not None]
+    cuts = [t for rec in recs if (t := rec.cut_after_last_byte()) is not None]
+    late = [t for t in cuts if t > bound]
+    return Target(f"every non-reader ended within write_stall_timeout_s + {r.plan.serve_grace_s:g} s = {bound:g} s "
+                  "of the last byte its kernel accepted", len(cuts) == len(recs) and not late,
+                  f"{len(cuts)}/{len(recs)} ended; from the last accepted byte to the end: max "
+                  f"{secs(max(cuts, default=None))}; over the bound: {len(late)}")
+
+
 def after_targets(r: HostileResult) -> list[Target]:
     answers = r.attack.answers
     hung = [a for a in answers if a.error == "hung"]
@@ -125,4 +146,5 @@ def after_targets(r: HostileResult) -> list[Target]:
 
 
 def evaluate(r: HostileResult) -> list[Target]:
-    return [*polite_targets(r), lag_target(r), *memory_targets(r), *socket_targets(r), *after_targets(r)]
+    return [*polite_targets(r), lag_target(r), *memory_targets(r), *socket_targets(r), stall_clock_target(r),
+            *after_targets(r)]

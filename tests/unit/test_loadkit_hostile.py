@@ -188,6 +188,9 @@ def _result(polite_gap: float = 4.0, lockout: float = 5.0, lag_tail: int = 1, fd
     socks = [_socket(NON_READER, 0, 30.0, "pollrdhup", None), _socket(NON_READER, 1, 40.0, "pollrdhup", None),
              *(_socket(IDLE, i, idle_end) for i in range(3)), _socket(SLOWLORIS, 0, 5.0),
              _socket(HUGE_FAST, 0, 0.1, "reset", None), _socket(HUGE_SLOW, 0, 2.0, answer=431)]
+    for rec in socks[:2]:  # their kernels accepted bytes until 6 s before the server cut them off
+        assert rec.ended_at is not None
+        rec.accepted_bytes, rec.last_accepted_at = 8192, rec.ended_at - 6.0
     polite = [_polite(97.0, 200), _polite(99.0, 200), _polite(101.0, 429), _polite(100.0 + polite_gap, 200),
               *(_polite(float(t), 200) for t in range(int(100 + polite_gap + lockout), 180, 5)),
               *(_polite(t, 200) for t in (181.0, 182.0, 183.0))]
@@ -210,13 +213,14 @@ def _result(polite_gap: float = 4.0, lockout: float = 5.0, lag_tail: int = 1, fd
 def test_every_target_passes_on_a_service_that_held_up():
     targets = evaluate(_result())
     assert all(t.ok for t in targets), [t.line() for t in targets if not t.ok]
-    assert len(targets) == 12
+    assert len(targets) == 13
 
 
 @pytest.mark.parametrize(("change", "failing"), [
     ({"polite_gap": 20.0}, "polite client"),  # first 200 at 20 s > stall 10 + grace 5 (and so the longest gap)
     ({"polite_gap": 9.0, "stall": 2.0}, "polite client"),  # 9 s: in time for a 10 s stall clock, not for 2 s
-    ({"lockout": 40.0}, "polite client never without a 200"),  # served at once, then locked out for 40 s
+    # served at once, then locked out for 60 s: longer than the non-readers' 34 s of accepting + 10 s + 5 s
+    ({"lockout": 60.0}, "polite client never without a 200"),
     ({"lag_tail": 30}, "event-loop lag"),  # 39 of 1029 heartbeats over 50 ms: p99 in the 100 ms bucket
     ({"fds_after": 40}, "descriptors bounded:"),  # 30 descriptors more than before, once idle: a leak
     ({"idle_end": 9.0}, "idle, slowloris"),  # 9 s > header 5 + 3
@@ -233,7 +237,17 @@ def test_a_non_reader_the_server_never_ended_fails_its_target():
     result.sockets[1].closed_at = None
     result.sockets[1].how = ""
     bad = [t.name for t in evaluate(result) if not t.ok]
-    assert bad == ["every non-reader ended by the server before the attack was over"]
+    assert bad == ["every non-reader ended by the server before the attack was over",
+                   "every non-reader ended within write_stall_timeout_s + 5 s = 15 s of the last byte its kernel "
+                   "accepted"]
+
+
+def test_a_non_reader_cut_off_long_after_its_last_accepted_byte_fails_the_stall_clock_target():
+    result = _result()
+    result.sockets[0].last_accepted_at = 100.0 + 30.0 - 20.0  # accepted nothing for 20 s before its end: > 10 + 5
+    bad = [t.name for t in evaluate(result) if not t.ok]
+    assert bad == ["every non-reader ended within write_stall_timeout_s + 5 s = 15 s of the last byte its kernel "
+                   "accepted"]
 
 
 def _facts() -> RunFacts:

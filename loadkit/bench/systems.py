@@ -89,11 +89,13 @@ def variants(systems: list[str], dtypes: list[str]) -> list[Variant]:
 
 
 def write_app_config(repo: Path, work: Path, port: int, max_concurrency: int, output_len: int, engine: Engine,
-                     colocate: bool = True) -> Path:
-    """configs/cpu.yaml with only what the benchmark needs changed (`dtype: auto` passed through as it is)."""
+                     colocate: bool = True, shipped_admission: bool = False) -> Path:
+    """configs/cpu.yaml with only what the benchmark needs changed (`dtype: auto` passed through as it is).
+    `shipped_admission`: the config's own admission and request timeout are kept (an overload benchmark measures
+    them); otherwise admission is opened up so that it never refuses during a throughput benchmark."""
     config = yaml.safe_load((repo / "configs" / "cpu.yaml").read_text())
     service = config.setdefault("service", {})
-    service.update({"host": "127.0.0.1", "port": port, "api_keys": [], "request_timeout_s": 3600, "drain_grace_s": 5,
+    service.update({"host": "127.0.0.1", "port": port, "api_keys": [], "drain_grace_s": 5,
                     "colocate_ingress": colocate})
     model = config["models"][0]
     model["id"] = MODEL_ID
@@ -101,10 +103,12 @@ def write_app_config(repo: Path, work: Path, port: int, max_concurrency: int, ou
     model.setdefault("engine", {}).update({
         "enforce_eager": engine.enforce_eager, "dtype": engine.dtype, "max_model_len": engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs, "kv_cache_gib": engine.kv_cache_gib})
-    model.setdefault("deployment", {}).update({
-        "num_replicas": 1,
-        "max_ongoing_requests": max(64, max_concurrency),  # admission must not refuse during the benchmark
-        "max_queued_requests": 64})
+    model.setdefault("deployment", {})["num_replicas"] = 1
+    if not shipped_admission:
+        service["request_timeout_s"] = 3600
+        model["deployment"].update({
+            "max_ongoing_requests": max(64, max_concurrency),  # admission must not refuse during the benchmark
+            "max_queued_requests": 64})
     limits = model.setdefault("limits", {})
     limits["max_tokens"] = max(int(limits.get("max_tokens", 1024)), output_len)
     config["models"] = [model]
@@ -124,6 +128,7 @@ class Launchable:
     max_output_len: int
     engine: Engine
     ray_stream_batching_ms: float | None = None
+    shipped_admission: bool = False  # this project keeps configs/cpu.yaml's admission (see write_app_config)
 
 
 def system_command(v: Variant, port: int, at: Launchable) -> list[str]:
@@ -132,7 +137,7 @@ def system_command(v: Variant, port: int, at: Launchable) -> list[str]:
     listen = ["--host", "127.0.0.1", "--port", str(port)]
     if v.system in ("app", "app-proxy", "app-ingress"):
         config = write_app_config(repo, at.work, port, at.max_concurrency, at.max_output_len, engine,
-                                  colocate=v.system != "app-ingress")
+                                  colocate=v.system != "app-ingress", shipped_admission=at.shipped_admission)
         proxy = ["--serve-proxy"] if v.system == "app-proxy" else []
         return [py, "-m", "app", "serve", "--config", str(config), *proxy]
     sizes = ["--dtype", engine.dtype, "--max-model-len", str(engine.max_model_len),

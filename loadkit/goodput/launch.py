@@ -1,0 +1,148 @@
+"""One system in one round: start it (the bench's commands and engine settings), wait until it answers, warm it
+up, measure its capacity (unless known), run one open-loop window per rate multiple, stop it leaving nothing
+behind. Peak RSS of its whole process tree is sampled through every window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadkit.bench.launch import wait_ready
+from loadkit.bench.systems import MODEL_ID, Launchable, Variant, system_command, system_env
+from loadkit.goodput.capacity import Capacity, measure
+from loadkit.goodput.client import Record, make_client, send
+from loadkit.goodput.schedule import arrivals
+from loadkit.goodput.step import Window, open_loop
+from loadkit.goodput.workload import mix, stream
+from loadkit.overload.mix import PromptMaker
+from loadkit.proctree import PeakSampler, ProcessTree
+from loadkit.service import ProcessGroup, free_port
+
+WARMUPS = 4
+INDEX_BLOCK = 100_000  # request indices: one block per window of a run, so no two requests share a prompt
+
+
+def say(message: str) -> None:
+    print(f"[goodput {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every launch of a run shares."""
+
+    at: Launchable
+    multiples: list[float]
+    duration_s: float
+    drain_s: float
+    arrivals: str
+    seed: int
+    client_timeout_s: float
+    capacity_concurrency: int
+    capacity_duration_s: float
+    startup_timeout_s: float
+    stop_grace_s: float
+    settle_s: float = 5.0
+
+
+@dataclass
+class WindowRun:
+    multiple: float
+    offered_rps: float
+    duration_s: float
+    records: list[Record]
+    peak_rss_bytes: int
+
+
+@dataclass
+class LaunchRun:
+    system: str
+    round: int
+    command: list[str]
+    log_path: str
+    status: str = "not started"
+    startup_s: float | None = None
+    idle_rss_bytes: int | None = None
+    capacity: Capacity | None = None
+    windows: list[WindowRun] = field(default_factory=list)
+    stop_report: str = ""
+
+
+def window_for(plan: Plan, round_: int, step: int, rate_rps: float) -> Window:
+    """The same arrivals pattern and requests for every system at a step of a round (seeded by both)."""
+    seed = plan.seed + 1000 * round_ + step
+    offsets = arrivals(rate_rps, plan.duration_s, plan.arrivals, seed)
+    first = (round_ * 16 + step + 1) * INDEX_BLOCK
+    return Window(mix(seed, len(offsets), first), offsets, plan.duration_s, plan.drain_s, plan.settle_s)
+
+
+async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, capacity: Capacity | None,
+                 sampler: PeakSampler, out: LaunchRun) -> None:
+    client, log = make_client(base_url, plan.client_timeout_s)
+    try:
+        for ask in mix(plan.seed + 999, WARMUPS, first_index=round_ * 16 * INDEX_BLOCK + INDEX_BLOCK // 2):
+            await send(client, log, MODEL_ID, prompts, Record(ask=ask, start=time.monotonic()))
+        if capacity is None:
+            asks = stream(plan.seed + 1000 * round_ + 500, first_index=round_ * 16 * INDEX_BLOCK)
+            say(f"{out.system}: measuring capacity: {plan.capacity_concurrency} clients in a closed loop for "
+                f"{plan.capacity_duration_s:.0f} s")
+            capacity = await measure(client, log, MODEL_ID, prompts, asks, plan.capacity_concurrency,
+                                     plan.capacity_duration_s)
+            say(f"{out.system}: capacity {capacity.rate_rps:.2f} req/s ({capacity.completed} requests in "
+                f"{capacity.counted_s:.0f} s, {capacity.output_tok_s:.0f} output tok/s)")
+            await asyncio.sleep(plan.settle_s)
+        out.capacity = capacity
+        if capacity.rate_rps <= 0:
+            raise RuntimeError(f"no request completed while measuring capacity ({capacity.not_ok} ended otherwise)")
+        for step, multiple in enumerate(plan.multiples):
+            rate = capacity.rate_rps * multiple
+            window = window_for(plan, round_, step, rate)
+            say(f"{out.system}: {multiple:g}x = {rate:.2f} req/s for {plan.duration_s:.0f} s "
+                f"({len(window.asks)} requests), drain up to {plan.drain_s:.0f} s")
+            sampler.reset_peak()
+            records = await open_loop(client, log, MODEL_ID, prompts, window)
+            sampler.sample()
+            out.windows.append(WindowRun(multiple, rate, plan.duration_s, records, sampler.peak))
+            counts = Counter(r.outcome for r in records)
+            say(f"{out.system}: {multiple:g}x: " + ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+    finally:
+        await client.close()
+
+
+def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Capacity | None) -> LaunchRun:
+    at = plan.at
+    port = free_port()
+    command = system_command(v, port, at)
+    out = LaunchRun(system=v.system, round=round_, command=command,
+                    log_path=str(at.work / f"{v.system}.r{round_}.server.log"))
+    say(f"{v.system}: round {round_}: starting on port {port}: {shlex.join(command)}")
+    started = time.monotonic()
+    group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=Path(out.log_path))
+    sampler = PeakSampler(ProcessTree(group.pid, group.tag)).start()
+    try:
+        why = wait_ready(group, port, plan.startup_timeout_s)
+        if why:
+            out.status = f"failed to start: {why}"
+            say(f"{v.system}: {out.status}")
+            return out
+        out.startup_s = time.monotonic() - started
+        out.idle_rss_bytes = sampler.sample()
+        say(f"{v.system}: ready in {out.startup_s:.0f} s, {out.idle_rss_bytes / 2**30:.2f} GiB RSS")
+        try:
+            asyncio.run(_drive(plan, f"http://127.0.0.1:{port}", prompts, round_, capacity, sampler, out))
+        except RuntimeError as err:
+            out.status = f"failed: {err}"
+            return out
+        out.status = "ok" if group.running() else f"exited with status {group.proc.returncode} during the run"
+        return out
+    finally:
+        sampler.sample()
+        seen = sampler.known()
+        sampler.close()
+        out.stop_report = group.stop(sigint_wait_s=plan.stop_grace_s, seen=seen).text()
+        say(f"{v.system}: {out.stop_report}")

@@ -1,4 +1,4 @@
-"""Per-replica admission: a bounded FIFO in front of the engine.
+"""Per-replica admission: a bounded FIFO in front of the engine, bounded in time as well as in count.
 
 At most `max_running` requests, holding at most `token_budget` tokens
 (prompt + n * max_tokens) between them, are in the engine at once; up to
@@ -7,18 +7,26 @@ The budget keeps a burst of long requests waiting here instead of making the
 engine preempt and recompute; a request bigger than the whole budget still runs,
 alone, so nothing valid is refused for ever.
 
+In time: with a `pace` (app/pace.py), a request whose predicted first token (or end) is later than its
+target is refused at arrival (`OverTimeTarget`, 429, Retry-After the predicted excess) instead of
+waiting in the queue only to miss it; the queue timeout stays as a safety net for wrong predictions.
+The start of the simulation ignores the token budget (a budget-bound queue is predicted too short).
+
 Use: `ticket = admission.reserve()` (cheap; raises before any work), validate,
-`await ticket.admit(tokens, timeout_s)`, run, and `ticket.release()` in a `finally`.
+`await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
+with `ticket.produced(steps)` (this is how the pace is learned), and `ticket.release()` in a `finally`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from app.errors import QueueFull, QueueTimeout, ServiceUnavailable
+from app.errors import OverTimeTarget, QueueFull, QueueTimeout, ServiceUnavailable
+from app.pace import EnginePace, Prediction, Work
 
 _RESERVED, _WAITING, _RUNNING, _RELEASED = "reserved", "waiting", "running", "released"
 
@@ -33,20 +41,57 @@ class AdmissionStats:
     peak_waiting: int
     refused_queue_full: int
     refused_queue_timeout: int
+    refused_over_time_target: int
+    predicted_first_token_s: float | None  # the latest arrival's prediction (None: not yet measured)
+
+
+@dataclass(frozen=True)
+class Targets:
+    """A request's latency targets, seconds from its arrival at the replica; None: no target."""
+
+    first_token_s: float | None = None
+    finish_s: float | None = None
 
 
 class Ticket:
-    __slots__ = ("_admission", "state", "tokens", "started", "_future")
+    __slots__ = (
+        "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
+        "backlog", "batch", "_future",
+    )
 
     def __init__(self, admission: Admission):
         self._admission = admission
         self.state = _RESERVED
-        self.tokens = 0
-        self.started = 0.0
+        self.tokens = self.prompt_tokens = self.max_steps = self.steps = 0
+        self.started = self.last_output = 0.0
+        self.backlog = self.batch = 0  # prefill backlog (own prompt included) and batch at its start
         self._future: asyncio.Future[None] | None = None
 
-    async def admit(self, tokens: int, timeout_s: float) -> None:
-        await self._admission._admit(self, tokens, timeout_s)
+    async def admit(
+        self,
+        tokens: int,
+        timeout_s: float,
+        targets: Targets = Targets(),
+        prompt_tokens: int = 0,
+        max_steps: int = 0,
+    ) -> None:
+        """Waits for a slot for `tokens` (prompt + n * max_tokens) of the budget. With `targets`, the
+        request (`prompt_tokens`, at most `max_steps` decode steps: its max_tokens) is refused at once with
+        `OverTimeTarget` when the prediction misses them. `QueueTimeout` when the wait runs out."""
+        await self._admission._admit(self, tokens, timeout_s, targets, prompt_tokens, max_steps)
+
+    def produced(self, steps: int) -> None:
+        """The engine's next output for this request: `steps` more tokens of each choice."""
+        self._admission._produced(self, steps)
+
+    def work(self, now: float) -> Work:
+        return Work(
+            prompt_tokens=self.prompt_tokens,
+            max_tokens=self.max_steps,
+            generated=self.steps,
+            started_s_ago=now - self.started if self.state == _RUNNING else 0.0,
+            first_output=self.last_output > 0,
+        )
 
     def release(self) -> None:
         self._admission._release(self)
@@ -60,7 +105,9 @@ class Admission:
         token_budget: int,
         queue_timeout_s: float,
         refusal: type[QueueFull] = QueueFull,
+        pace: EnginePace | None = None,
     ):
+        self.pace = pace
         self.max_running = max_running
         self.max_queued = max_queued
         self.token_budget = token_budget
@@ -70,6 +117,9 @@ class Admission:
         self._tokens_in_use = 0
         self._in_system = 0
         self._waiting: deque[Ticket] = deque()
+        self._running_tickets: set[Ticket] = set()
+        self._refused_time = 0
+        self._last_prediction: Prediction | None = None
         self._peak_waiting = 0
         self._refused_full = 0
         self._refused_timeout = 0
@@ -109,10 +159,52 @@ class Admission:
         ticket.started = time.monotonic()
         self._running += 1
         self._tokens_in_use += ticket.tokens
+        self._running_tickets.add(ticket)
+        ticket.batch = self._running
+        ticket.backlog = sum(t.prompt_tokens for t in self._running_tickets if not t.last_output)
 
-    async def _admit(self, ticket: Ticket, tokens: int, timeout_s: float) -> None:
+    def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
+        """`OverTimeTarget` if the pace predicts `ticket` would miss a target; records the prediction."""
+        if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
+            return
+        now = time.monotonic()
+        prediction = self.pace.predict(
+            ticket.work(now),
+            (t.work(now) for t in self._running_tickets),
+            (t.work(now) for t in self._waiting),
+            self.max_running,
+        )
+        if prediction is None:
+            return
+        self._last_prediction = prediction
+        for what, predicted, target in (
+            ("first token", prediction.first_token_s, targets.first_token_s),
+            ("end", prediction.finish_s, targets.finish_s),
+        ):
+            if target is not None and predicted > target:
+                self._refused_time += 1
+                raise OverTimeTarget(
+                    f"Server is busy: this request's {what} is predicted in {predicted:.1f} s, later than its "
+                    f"{target:g} s target; retry after the Retry-After delay (or ask for fewer tokens)",
+                    retry_after_s=max(1, math.ceil(predicted - target)),
+                )
+
+    def _produced(self, ticket: Ticket, steps: int) -> None:
+        now = time.monotonic()
+        if self.pace is not None and ticket.state == _RUNNING:
+            if not ticket.last_output:
+                self.pace.first_token(ticket.backlog, ticket.batch, now - ticket.started)
+            else:
+                self.pace.decoded(self._running, steps, now - ticket.last_output)
+        ticket.steps += steps
+        ticket.last_output = now
+
+    async def _admit(
+        self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int, max_steps: int
+    ) -> None:
         assert ticket.state == _RESERVED, ticket.state
-        ticket.tokens = tokens
+        ticket.tokens, ticket.prompt_tokens, ticket.max_steps = tokens, prompt_tokens, max_steps
+        self._refuse_late(ticket, targets)
         if not self._waiting and self._fits(tokens):
             self._start(ticket)
             return
@@ -138,7 +230,10 @@ class Admission:
         if ticket.state == _RUNNING:
             self._running -= 1
             self._tokens_in_use -= ticket.tokens
+            self._running_tickets.discard(ticket)
             self._mean_run_s = 0.9 * self._mean_run_s + 0.1 * (time.monotonic() - ticket.started)
+            if self.pace is not None and ticket.last_output:
+                self.pace.finished(ticket.steps, ticket.max_steps)
         elif ticket.state == _WAITING:
             self._waiting.remove(ticket)
         ticket.state = _RELEASED
@@ -166,4 +261,6 @@ class Admission:
             peak_waiting=self._peak_waiting,
             refused_queue_full=self._refused_full,
             refused_queue_timeout=self._refused_timeout,
+            refused_over_time_target=self._refused_time,
+            predicted_first_token_s=round(self._last_prediction.first_token_s, 3) if self._last_prediction else None,
         )

@@ -76,6 +76,19 @@ class DeploymentConfig(_Strict):
         description="Most prompt+max_tokens admitted at once per replica; default: the KV cache's size as "
         "the engine reports it.",
     )
+    ttft_target_s: float | None = Field(
+        10.0,
+        gt=0,
+        description="First-token target: a request predicted (from the engine's measured pace) to get its "
+        "first token later than this is refused at arrival with 429 and Retry-After, instead of waiting. "
+        "A client may tighten it (header X-TTFT-Target-S); null: no time target.",
+    )
+    request_target_s: float | None = Field(
+        None,
+        gt=0,
+        description="Whole-request target, the same way (header X-Request-Target-S, or the openai SDK's "
+        "timeout, may tighten it); null: none beyond the client's.",
+    )
     health_check_period_s: float = Field(5.0, gt=0, description="How often Ray Serve checks that the engine is alive.")
     health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")
 

@@ -31,6 +31,18 @@ class GenerationParams:
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
     max_tokens_is_default: bool = False  # the client did not ask; may shrink to fit the context
+    # vLLM's sampling and decoding extensions (docs/api.md), each at vLLM's no-op default.
+    top_k: int = 0  # 0 (or -1): every token
+    min_p: float = 0.0
+    min_tokens: int = 0  # end-of-sequence and stop token ids are masked until this many tokens
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    allowed_token_ids: tuple[int, ...] | None = None  # None: any token; never empty
+    bad_words: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,10 @@ class GenerateRequest:
     timeout_s: float
     want_prompt_text: bool = False  # completions with echo of a token-id prompt
     trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
+    # The client's own latency targets (seconds from arrival; app/client_targets.py): they can only
+    # tighten the model's.
+    ttft_target_s: float | None = None
+    finish_target_s: float | None = None
 
 
 @dataclass(frozen=True)

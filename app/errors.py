@@ -104,6 +104,15 @@ class QueueFullUnavailable(QueueFull):
     type = "service_unavailable"
 
 
+class OverTimeTarget(QueueFull):
+    """Refused at arrival: its predicted first token (or end) is later than its latency target. Always 429,
+    with Retry-After the predicted time until it would fit: waiting could only end past the target."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "over_time_target"
+
+
 def queue_full_class(status: int) -> type[QueueFull]:
     """The 'queue full' refusal for the configured status (429 or 503)."""
     return QueueFull if status == 429 else QueueFullUnavailable

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from app.admission import Admission, AdmissionStats
+from app.admission import Admission, AdmissionStats, Targets, Ticket
 from app.config import ModelConfig, ServiceConfig
 from app.engine import (
     Admitted,
@@ -39,6 +39,7 @@ from app.errors import (
     queue_full_class,
 )
 from app.logs import configure_logging
+from app.pace import EnginePace, PaceStats
 from app.prompt_tokenizer import PromptTokenizer
 
 # The logger of the one line per engine request; its name predates this module's and log queries rely on it.
@@ -80,6 +81,12 @@ class ReplicaStats:
     admission: AdmissionStats
     engine: EngineStats
     kv_cache_tokens: int
+    pace: PaceStats = PaceStats()
+
+
+def _tightest(*targets: float | None) -> float | None:
+    given = [t for t in targets if t is not None]
+    return min(given) if given else None
 
 
 def _ms_since(start: float) -> float:
@@ -110,6 +117,7 @@ class EngineHost:
             token_budget=dep.token_budget or 2**62,  # the KV cache's size once the engine reports it
             queue_timeout_s=dep.queue_timeout_s,
             refusal=queue_full_class(service.refusal_status),
+            pace=EnginePace(),
         )
         self.prompts = PromptTokenizer(model, engine, queue_full_class(service.refusal_status))
         self._ready = threading.Event()
@@ -169,7 +177,13 @@ class EngineHost:
         outcome, prompt_tokens, generated = "client_gone", len(prompt_ids), 0
         timings: dict[str, float] = {"rendered_ms": rendered_ms}  # ms since arrival: where a slow first token went
         try:
-            await ticket.admit(len(prompt_ids) + params.n * params.max_tokens, deadline - loop.time())
+            await ticket.admit(
+                len(prompt_ids) + params.n * params.max_tokens,
+                deadline - loop.time(),
+                self._targets(request, arrived),
+                prompt_tokens=len(prompt_ids),
+                max_steps=params.max_tokens,
+            )
             timings["admitted_ms"] = _ms_since(arrived)
             prompt_text = (
                 self.prompts.decode_now(prompt_ids, "prompt")
@@ -184,10 +198,10 @@ class EngineHost:
                 timings["first_output_ms"] = _ms_since(arrived)
                 yield Admitted(prompt_tokens=len(prompt_ids), prompt_text=prompt_text)
                 if first is not None:
-                    generated += sum(c.num_tokens for c in first.choices)
+                    generated += self._produced(ticket, first)
                     yield first
                 async for delta in deltas:
-                    generated += sum(c.num_tokens for c in delta.choices)
+                    generated += self._produced(ticket, delta)
                     yield delta
                 outcome = "finished"
             finally:
@@ -209,6 +223,22 @@ class EngineHost:
                     **timings,
                 },
             )
+
+    def _targets(self, request: GenerateRequest, arrived: float) -> Targets:
+        """The model's targets, tightened by the request's own, less the time already spent (tokenizing)."""
+        dep, spent = self.model.deployment, time.monotonic() - arrived
+        first = _tightest(dep.ttft_target_s, request.ttft_target_s)
+        finish = _tightest(dep.request_target_s, request.finish_target_s)
+        return Targets(
+            first_token_s=None if first is None else first - spent,
+            finish_s=None if finish is None else finish - spent,
+        )
+
+    @staticmethod
+    def _produced(ticket: Ticket, delta: GenerationDelta) -> int:
+        """Tells the ticket (the pace) of an output; returns its tokens over all choices."""
+        ticket.produced(max((c.num_tokens for c in delta.choices), default=0))
+        return sum(c.num_tokens for c in delta.choices)
 
     async def _run(
         self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float
@@ -305,6 +335,7 @@ class EngineHost:
             admission=self.admission.stats(),
             engine=self.engine.stats(),
             kv_cache_tokens=self.engine.kv_cache_tokens if ready else 0,
+            pace=self.admission.pace.stats(self.admission.stats().running) if self.admission.pace else PaceStats(),
         )
 
     def close_admission(self) -> None:

@@ -80,6 +80,10 @@ class Metrics:
         return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats))
 
 
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
@@ -108,6 +112,18 @@ class _Snapshot:
             ),
             "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
             "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
+            "app_prefill_tokens_per_second": (
+                "Prompt tokens the engine prefills per second, as the replica measured it (NaN: not yet).",
+                lambda s: _or_nan(s.pace.prefill_tokens_per_s),
+            ),
+            "app_decode_seconds_per_token": (
+                "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
+                lambda s: _or_nan(s.pace.decode_s_per_token),
+            ),
+            "app_predicted_time_to_first_token_seconds": (
+                "The latest arrival's predicted time to its first token (NaN: not yet predicted).",
+                lambda s: _or_nan(s.admission.predicted_first_token_s),
+            ),
         }
         counters: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
             "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
@@ -117,6 +133,10 @@ class _Snapshot:
             "app_refused_queue_timeout": (
                 "Refused by the replica: waited too long.",
                 lambda s: s.admission.refused_queue_timeout,
+            ),
+            "app_refused_over_time_target": (
+                "Refused by the replica at arrival: predicted to miss its first-token or end target.",
+                lambda s: s.admission.refused_over_time_target,
             ),
         }
         for name, (doc, read) in gauges.items():

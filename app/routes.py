@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from app import sse
+from app.client_targets import client_targets
 from app.config import ModelConfig
 from app.engine import Admitted, GenerateRequest, PromptInput
 from app.errors import InternalError, InvalidRequest, ServiceError
@@ -119,6 +120,7 @@ async def _generate(
     model, backend = state.backend_for(body.model)
     request.state.model = model.id
     prompt, params = body.to_prompt(model.limits), body.to_params(model.limits)
+    targets = client_targets(request.headers, stream=bool(body.stream))
     engine_request = GenerateRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex}",
         prompt=prompt,
@@ -126,6 +128,8 @@ async def _generate(
         timeout_s=state.config.service.request_timeout_s,
         want_prompt_text=isinstance(shape, CompletionShape) and shape.echo_text is not None,
         trace_id=request.state.request_id,
+        ttft_target_s=targets.first_token_s,
+        finish_target_s=targets.finish_s,
     )
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
     stream = state.capacity.track(model.id, backend.generate(engine_request))  # a full service refuses here

@@ -13,7 +13,8 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard
 STATS = {"m": ReplicaStats(
     model="m", ready=True, healthy=True, kv_cache_tokens=1, engine=EngineStats(),
     admission=AdmissionStats(running=0, waiting=0, in_system=0, tokens_in_use=0, token_budget=1, peak_waiting=0,
-                             refused_queue_full=0, refused_queue_timeout=0))}
+                             refused_queue_full=0, refused_queue_timeout=0, refused_over_time_target=0,
+                             predicted_first_token_s=None))}
 
 
 def _exported_names() -> set[str]:

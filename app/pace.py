@@ -1,0 +1,198 @@
+"""EnginePace: how fast this replica's engine works, measured while it serves, and the waits that follow.
+
+Admission by count alone let 32 admitted requests wait 33-52 s for their first token and 64 queued ones
+wait the whole 30 s queue timeout only to get a 503 (issue 15). To refuse at arrival the requests that
+would miss their first-token target, a replica predicts each arrival's wait from three rates it learns
+from its own requests, with no figure hard-coded per machine:
+
+- first token: seconds from admission to first output, as a line in the prompt tokens the engine still
+  has to prefill up to and including this request's (`backlog`) and the batch it joins:
+  `ttft = a + b * backlog + c * batch` (vLLM schedules prefill in chunks between decode steps, so both
+  matter);
+- decode: seconds per output token of one stream, as a line in the batch: `step = d + e * batch`;
+- output length: the share of `max_tokens` a request really generates (most stop at end-of-sequence).
+
+Each is a least-squares fit (numpy) over a window of recent samples, so the estimates follow a change of
+engine speed (a noisy neighbour, a longer context) within `WINDOW` requests or tokens.
+
+`predict` simulates the admission queue: the slots of running requests free at their predicted ends, the
+waiting requests take them in arrival order, and the newcomer's first token comes after its own start
+plus the prefill backlog of those started before it. Nothing is predicted until `MIN_SAMPLES` requests
+have been measured: until then admission is by count alone (a fresh replica refuses nothing by time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+WINDOW = 256  # samples per fit: recent enough to follow a change of speed, enough to be stable
+MIN_SAMPLES = 4  # first-token samples before any prediction
+# A fit is recomputed when asked for after _REFIT_S or _REFIT_SAMPLES new samples, whichever comes first: a
+# least-squares over 256 rows costs ~30 us, and decode samples come once per token of every stream.
+_REFIT_S = 0.25
+_REFIT_SAMPLES = 32
+
+
+class _Line:
+    """y ~ x @ coef over the last WINDOW samples, coefficients kept non-negative (a rate cannot be)."""
+
+    def __init__(self, features: int):
+        self._rows: deque[tuple[float, ...]] = deque(maxlen=WINDOW)
+        self._features = features
+        self._coef: np.ndarray | None = None
+        self._fitted_at = -1.0
+        self._new = 0  # samples since the last fit
+
+    def add(self, x: Sequence[float], y: float) -> None:
+        self._rows.append((*x, y))
+        self._new += 1
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def coef(self) -> np.ndarray | None:
+        now = time.monotonic()
+        stale = self._coef is None or now - self._fitted_at >= _REFIT_S or self._new >= _REFIT_SAMPLES
+        if self._new and stale:
+            self._coef, self._fitted_at, self._new = self._fit(), now, 0
+        return self._coef
+
+    def _fit(self) -> np.ndarray | None:
+        """Least squares; a feature whose rate comes out negative (too little spread in it to tell) is
+        dropped and the rest refitted, so that no rate is negative."""
+        if not self._rows:
+            return None
+        data = np.asarray(self._rows, dtype=float)
+        x = np.column_stack([np.ones(len(data)), data[:, : self._features]])
+        y = data[:, self._features]
+        active = list(range(self._features + 1))
+        while True:
+            coef = np.zeros(self._features + 1)
+            coef[active] = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
+            negative = [i for i in active if i > 0 and coef[i] < 0]
+            if not negative:
+                return coef
+            active.remove(min(negative, key=lambda i: coef[i]))
+
+    def at(self, *x: float) -> float | None:
+        coef = self.coef()
+        if coef is None:
+            return None
+        return float(coef[0] + sum(c * v for c, v in zip(coef[1:], x, strict=True)))
+
+
+@dataclass(frozen=True)
+class Work:
+    """One request as the predictor sees it."""
+
+    prompt_tokens: int
+    max_tokens: int  # the most decode steps it can take (its max_tokens)
+    generated: int = 0  # steps so far (running requests)
+    started_s_ago: float = 0.0  # running requests: since admission
+    first_output: bool = False  # running requests: has it produced its first output yet
+
+
+@dataclass(frozen=True)
+class Prediction:
+    start_s: float  # from now until it would be admitted to the engine
+    first_token_s: float  # from now until its first token
+    finish_s: float  # from now until its last token (at the expected output length)
+
+
+@dataclass(frozen=True)
+class PaceStats:
+    """The measured rates, for /stats and /metrics."""
+
+    samples: int = 0  # first-token samples in the window
+    prefill_tokens_per_s: float | None = None  # 1 / b: prompt tokens prefilled per second
+    first_token_base_s: float | None = None  # a + c * (current batch): the first token of a tiny prompt, now
+    decode_s_per_token: float | None = None  # d + e * (current batch): one stream's time per token, now
+    output_share: float = 1.0  # share of max_tokens generated, on average
+
+
+class EnginePace:
+    def __init__(self) -> None:
+        self._ttft = _Line(features=2)  # (backlog tokens, batch) -> seconds
+        self._decode = _Line(features=1)  # (batch,) -> seconds per token
+        self._output_share = 1.0  # moving average of generated / max_tokens; 1.0 (the worst case) at first
+        self._finished = 0
+
+    # -- learning ------------------------------------------------------------------------------
+
+    def first_token(self, backlog_tokens: int, batch: int, seconds: float) -> None:
+        """A request admitted with `backlog_tokens` to prefill (its own included) into a batch of `batch`
+        running requests had its first output `seconds` after admission."""
+        self._ttft.add((backlog_tokens, batch), seconds)
+
+    def decoded(self, batch: int, tokens: int, seconds: float) -> None:
+        """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran."""
+        if tokens > 0 and seconds > 0:
+            self._decode.add((batch,), seconds / tokens)
+
+    def finished(self, generated: int, max_tokens: int) -> None:
+        if max_tokens > 0:
+            share = min(1.0, generated / max_tokens)
+            weight = 1.0 / (self._finished + 1) if self._finished < 20 else 0.05
+            self._output_share += weight * (share - self._output_share)
+            self._finished += 1
+
+    # -- predicting ----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return len(self._ttft) >= MIN_SAMPLES and len(self._decode) > 0
+
+    def _first_token_s(self, backlog: int, batch: int) -> float:
+        return max(0.0, self._ttft.at(backlog, batch) or 0.0)
+
+    def _per_token_s(self, batch: int) -> float:
+        return max(0.0, self._decode.at(batch) or 0.0)
+
+    def predict(
+        self, newcomer: Work, running: Iterable[Work], waiting: Iterable[Work], max_running: int
+    ) -> Prediction | None:
+        """When `newcomer`, queued behind `waiting`, would start, see its first token and finish; None
+        until the pace has been measured."""
+        if not self.ready:
+            return None
+        running, waiting = list(running), list(waiting)
+        batch = max(1, min(max_running, len(running) + len(waiting) + 1))
+        per_token = self._per_token_s(batch)
+        # Slots: when each frees (running requests at their expected end; free slots now).
+        slots: list[float] = []
+        backlog: list[tuple[float, int]] = []  # (first token at, prompt tokens) of prefills not yet done
+        for work in running:
+            first = 0.0
+            if not work.first_output:
+                ahead = sum(tokens for _, tokens in backlog)
+                first = max(0.0, self._first_token_s(ahead + work.prompt_tokens, batch) - work.started_s_ago)
+                backlog.append((first, work.prompt_tokens))
+            left = max(0.0, self._output_share * work.max_tokens - work.generated)
+            slots.append(first + left * per_token)
+        slots += [0.0] * max(0, max_running - len(slots))
+        heapq.heapify(slots)
+        for work in [*waiting, newcomer]:
+            start = heapq.heappop(slots)
+            ahead = sum(tokens for first, tokens in backlog if first > start)
+            first = start + self._first_token_s(ahead + work.prompt_tokens, batch)
+            backlog.append((first, work.prompt_tokens))
+            finish = first + self._output_share * work.max_tokens * per_token
+            heapq.heappush(slots, finish)
+        return Prediction(start_s=start, first_token_s=first, finish_s=finish)
+
+    def stats(self, batch: int) -> PaceStats:
+        coef = self._ttft.coef()
+        batch = max(1, batch)
+        return PaceStats(
+            samples=len(self._ttft),
+            prefill_tokens_per_s=round(1.0 / float(coef[1]), 1) if coef is not None and coef[1] > 0 else None,
+            first_token_base_s=round(self._first_token_s(1, batch), 4) if coef is not None else None,
+            decode_s_per_token=round(self._per_token_s(batch), 5) if len(self._decode) else None,
+            output_share=round(self._output_share, 3),
+        )

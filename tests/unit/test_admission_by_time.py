@@ -1,0 +1,161 @@
+"""Admission by time: with the engine's pace measured, a request that would miss its first-token target is
+refused at arrival (429 `over_time_target`, Retry-After the predicted excess); one that can meet it is
+admitted; the client can tighten the target by header, and the openai SDK's timeout header counts."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from app.admission import Admission, Targets
+from app.errors import OverTimeTarget
+from app.fake_engine import FakeEngine
+from app.pace import EnginePace
+from tests.support.fake_stack import Stack, chat_body, make_config
+
+TOKEN_S = 0.02  # the fake engine's time per token
+
+
+def _paced(step_s: float = 0.1) -> EnginePace:
+    pace = EnginePace()
+    for backlog in (10, 50, 100, 200, 400):
+        for batch in (1, 2):
+            pace.first_token(backlog, batch, 0.01 * batch + backlog * 0.001)
+            pace.decoded(batch, 1, step_s)
+    return pace
+
+
+async def test_a_request_predicted_past_its_target_is_refused_at_arrival_with_the_excess_as_retry_after():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=_paced())
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    running.produced(1)  # its first token: 99 steps of 0.1 s left, about 9.9 s
+    late = admission.reserve()
+    with pytest.raises(OverTimeTarget) as refused:
+        await late.admit(20, 30, Targets(first_token_s=2.0), prompt_tokens=10, max_steps=10)
+    late.release()
+    predicted = admission.stats().predicted_first_token_s
+    assert predicted is not None and predicted > 9.5
+    assert refused.value.retry_after_s == math.ceil(predicted - 2.0)
+    assert admission.stats().refused_over_time_target == 1
+    assert admission.stats().in_system == 1  # the refused one holds nothing
+
+
+async def test_a_request_that_can_meet_its_target_waits_for_its_slot_and_gets_it():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=_paced())
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    running.produced(1)
+    patient = admission.reserve()
+    waiting = asyncio.create_task(patient.admit(20, 30, Targets(first_token_s=60.0), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 1
+    running.release()
+    await asyncio.wait_for(waiting, 5)
+    assert admission.stats().running == 1
+    patient.release()
+
+
+async def test_the_decision_follows_a_change_of_engine_speed():
+    pace = _paced(step_s=0.1)
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    running.produced(1)
+    for _ in range(300):  # the engine is now ten times faster: 99 steps left take about 1 s
+        pace.decoded(1, 1, 0.01)
+    fits = admission.reserve()
+    waiting = asyncio.create_task(fits.admit(20, 30, Targets(first_token_s=2.0), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().refused_over_time_target == 0 and admission.stats().waiting == 1
+    running.release()
+    await asyncio.wait_for(waiting, 5)
+    fits.release()
+
+
+async def test_without_a_measured_pace_nothing_is_refused_by_time():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=EnginePace())
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    queued = admission.reserve()
+    waiting = asyncio.create_task(queued.admit(20, 30, Targets(first_token_s=0.001), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 1
+    running.release()
+    await asyncio.wait_for(waiting, 5)
+    queued.release()
+
+
+# -- through HTTP, with a fake engine that takes TOKEN_S a token ------------------------------------------
+
+
+@pytest.fixture
+async def stack():
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 8, "ttft_target_s": 30},
+                         limits={"max_tokens": 200})
+    s = Stack(config, FakeEngine(token_delay_s=TOKEN_S))
+    try:
+        for _ in range(6):  # measure the pace: a few requests, one at a time
+            assert (await s.client.post("/v1/chat/completions", json=chat_body(max_tokens=4))).status_code == 200
+        yield s
+    finally:
+        await s.aclose()
+
+
+async def _occupy(stack: Stack) -> asyncio.Task:
+    """A long request (200 tokens: some 4 s) holding the only slot."""
+    task = asyncio.create_task(stack.client.post(
+        "/v1/chat/completions", json=chat_body(max_tokens=200, ignore_eos=True), timeout=30))
+    await stack.engine.wait_running(1)
+    await asyncio.sleep(5 * TOKEN_S)  # a few tokens in: the pace has its first output
+    return task
+
+
+async def test_a_tight_target_by_header_is_refused_at_once_and_says_when_to_retry(stack):
+    occupant = await _occupy(stack)
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-TTFT-Target-S": "0.5"})
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "over_time_target"
+    assert int(r.headers["retry-after"]) >= 1
+    assert stack.engine.running == {next(iter(stack.engine.running))}  # only the occupant ran
+    assert (await occupant).status_code == 200
+
+
+async def test_the_sdk_timeout_header_counts_as_the_clients_target(stack):
+    occupant = await _occupy(stack)
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-Stainless-Read-Timeout": "0.5"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "over_time_target", r.text
+    assert (await occupant).status_code == 200
+
+
+async def test_a_loose_target_waits_its_turn_and_is_served(stack):
+    occupant = await _occupy(stack)
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-TTFT-Target-S": "25"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert (await occupant).status_code == 200
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "nan", "inf"])
+async def test_a_bad_target_header_is_a_400_naming_it(stack, value):
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-TTFT-Target-S": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-ttft-target-s", r.text
+
+
+async def test_stats_and_metrics_show_the_measured_pace_and_the_refusals(stack):
+    occupant = await _occupy(stack)
+    await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4), headers={"X-TTFT-Target-S": "0.5"})
+    await occupant
+    metrics = (await stack.client.get("/metrics")).text
+    assert 'app_refused_over_time_target_total{model_name="fake-model"} 1.0' in metrics
+    assert "app_decode_seconds_per_token" in metrics and "app_predicted_time_to_first_token_seconds" in metrics
+    replica = (await stack.client.get("/stats")).json()["fake-model"]
+    assert replica["admission"]["refused_over_time_target"] == 1
+    assert replica["admission"]["predicted_first_token_s"] > 1  # the occupant's ~4 s of tokens were ahead
+    assert replica["pace"]["decode_s_per_token"] == pytest.approx(TOKEN_S, rel=0.5)
+    assert replica["pace"]["samples"] >= 6

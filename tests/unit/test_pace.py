@@ -1,0 +1,90 @@
+"""EnginePace: the rates it learns from samples, and the waits it predicts from them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.pace import MIN_SAMPLES, WINDOW, EnginePace, Work
+
+
+def _trained(prefill_s_per_token: float = 0.002, step_s: float = 0.01, per_batch_s: float = 0.005) -> EnginePace:
+    """A pace fed an engine with known rates: first token = 0.05 + backlog * prefill + 0.01 * batch; decode
+    = step + per_batch * batch seconds per token."""
+    pace, rng = EnginePace(), random.Random(1)
+    for _ in range(WINDOW):
+        backlog, batch = rng.randint(10, 2000), rng.randint(1, 16)
+        pace.first_token(backlog, batch, 0.05 + backlog * prefill_s_per_token + 0.01 * batch)
+        pace.decoded(batch, 4, 4 * (step_s + per_batch_s * batch))
+    return pace
+
+
+def test_nothing_is_predicted_until_enough_requests_were_measured():
+    pace = EnginePace()
+    for i in range(MIN_SAMPLES - 1):
+        pace.first_token(100, 1, 0.2)
+        pace.decoded(1, 1, 0.01)
+        assert pace.predict(Work(10, 10), [], [], 4) is None, i
+    pace.first_token(100, 1, 0.2)
+    assert pace.predict(Work(10, 10), [], [], 4) is not None
+
+
+def test_the_rates_are_recovered_from_the_samples():
+    stats = _trained().stats(batch=8)
+    assert stats.prefill_tokens_per_s == pytest.approx(500, rel=0.01)
+    assert stats.decode_s_per_token == pytest.approx(0.01 + 0.005 * 8, rel=0.01)
+
+
+def test_an_idle_engine_predicts_only_the_newcomers_own_prefill():
+    prediction = _trained().predict(Work(prompt_tokens=1000, max_tokens=100), [], [], max_running=4)
+    assert prediction is not None
+    assert prediction.start_s == 0
+    assert prediction.first_token_s == pytest.approx(0.05 + 1000 * 0.002 + 0.01, rel=0.02)
+    assert prediction.finish_s == pytest.approx(prediction.first_token_s + 100 * 0.015, rel=0.02)
+
+
+def test_a_full_engine_makes_the_newcomer_wait_for_the_first_slot_to_free():
+    pace = _trained()
+    running = [Work(100, 200, generated=g, started_s_ago=5, first_output=True) for g in (100, 150)]
+    prediction = pace.predict(Work(100, 50), running, [], max_running=2)
+    assert prediction is not None
+    # batch 2: 0.02 s a token; the sooner one has 50 tokens left (output share 1.0 until requests finish)
+    assert prediction.start_s == pytest.approx(50 * 0.02, rel=0.02)
+
+
+def test_queued_prompts_ahead_add_their_prefill_to_the_newcomers_first_token():
+    pace = _trained()
+    alone = pace.predict(Work(100, 10), [], [], max_running=8)
+    behind = pace.predict(Work(100, 10), [], [Work(1500, 10), Work(1500, 10)], max_running=8)
+    assert alone is not None and behind is not None
+    assert behind.first_token_s - alone.first_token_s == pytest.approx(3000 * 0.002, rel=0.05)
+
+
+def test_the_estimates_follow_a_change_of_engine_speed():
+    pace = _trained(step_s=0.01)
+    slow = pace.stats(batch=4).decode_s_per_token
+    for _ in range(WINDOW):  # the engine got four times faster
+        pace.decoded(4, 4, 4 * 0.0075)
+    fast = pace.stats(batch=4).decode_s_per_token
+    assert slow == pytest.approx(0.03, rel=0.01) and fast == pytest.approx(0.0075, rel=0.05)
+
+
+def test_the_expected_output_length_follows_what_requests_really_generate():
+    pace = _trained()
+    before = pace.predict(Work(10, 200), [], [], 4)
+    for _ in range(50):
+        pace.finished(generated=50, max_tokens=200)  # they stop at a quarter of max_tokens
+    after = pace.predict(Work(10, 200), [], [], 4)
+    assert before is not None and after is not None
+    assert pace.stats(1).output_share == pytest.approx(0.25, abs=0.02)
+    assert after.finish_s - after.first_token_s == pytest.approx((before.finish_s - before.first_token_s) / 4, rel=0.1)
+
+
+def test_a_feature_without_spread_gets_no_negative_rate():
+    pace = EnginePace()
+    for backlog in range(10, 500, 10):  # always batch 1: its coefficient cannot be told
+        pace.first_token(backlog, 1, 0.1 + backlog * 0.001)
+        pace.decoded(1, 1, 0.02)
+    prediction = pace.predict(Work(300, 1), [], [], 4)
+    assert prediction is not None and prediction.first_token_s > 0

@@ -1,7 +1,11 @@
 """A deterministic engine behind the `Engine` interface, for fast tests.
 
-One token is one byte of UTF-8 for prompts; the output is a fixed sentence of
-word tokens (then end-of-sequence), or numbered words when `ignore_eos` is set.
+One token is one byte of UTF-8 for prompts (a vocabulary of 256 ids, which token ids in
+`logit_bias`, `allowed_token_ids` and `stop_token_ids` must be within, as vLLM checks them);
+the output is a fixed sentence of word tokens (then end-of-sequence), numbered words when
+`ignore_eos` is set, and numbered words after the sentence until `min_tokens`. Stop strings
+end the text before them, or after them with `include_stop_str_in_output`; vLLM's other
+sampling extensions are accepted and have no effect.
 `token_delay_s` makes generation take time, so admission and cancellation can be
 tested; `kill()` makes it behave like a dead engine.
 
@@ -27,8 +31,10 @@ from app.engine import (
     GenerationParams,
     TokenLogprob,
 )
+from app.errors import InvalidRequest
 
 ANSWER = "This is a fake answer from the test engine."
+VOCAB_SIZE = 256
 
 
 class FakeEngine:
@@ -128,7 +134,29 @@ class FakeEngine:
         words = ANSWER.split(" ")
         if params.temperature > 0 and (params.seed is not None or index):
             words = [f"{w}{(params.seed or 0) + index}" for w in words]
+        if params.min_tokens > len(words):  # end-of-sequence is masked until min_tokens
+            words = words + [f"w{i}" for i in range(params.min_tokens - len(words))]
         return [w + " " for w in words[:-1]] + [words[-1]]
+
+    @staticmethod
+    def _check(params: GenerationParams) -> None:
+        """What vLLM refuses once it knows the model (the vocabulary) and the final max_tokens."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in params.logit_bias]),
+            ("allowed_token_ids", list(params.allowed_token_ids or ())),
+            ("stop_token_ids", list(params.stop_token_ids)),
+        ):
+            invalid = [t for t in ids if not 0 <= t < VOCAB_SIZE]
+            if invalid:
+                raise InvalidRequest(
+                    f"token_id(s) {invalid} in {name} contain out-of-vocab token ids. Vocabulary size: {VOCAB_SIZE}",
+                    param=name,
+                )
+        if params.min_tokens > params.max_tokens:
+            raise InvalidRequest(
+                f"min_tokens must be less than or equal to max_tokens={params.max_tokens}, got {params.min_tokens}.",
+                param="min_tokens",
+            )
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
@@ -144,6 +172,7 @@ class FakeEngine:
                 raise EngineRejected(f"invalid JSON schema: {err}") from None
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise EngineRejected("prompt plus max_tokens exceeds max_model_len")
+        self._check(params)
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
         self._changed()
@@ -168,6 +197,8 @@ class FakeEngine:
                     finish = None
                     stop_at = min((texts[i].find(s) for s in params.stop if s in texts[i]), default=-1)
                     if stop_at >= 0:
+                        if params.include_stop_str_in_output:  # the text ends after the stop string instead
+                            stop_at += len(next(s for s in params.stop if texts[i].find(s) == stop_at))
                         cut = len(texts[i]) - stop_at  # characters of this word at or past the stop string
                         word = word[: len(word) - cut] if len(texts[i]) - len(word) <= stop_at else ""
                         finish = "stop"

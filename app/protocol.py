@@ -8,6 +8,7 @@ not implement are refused by name rather than silently ignored.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +20,20 @@ from app.errors import InvalidRequest, UnsupportedParameter
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
 MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
+# Bounds on vLLM's sampling extensions (vLLM itself has none but VLLM_MAX_NUM_BAD_WORDS): each costs the engine
+# work per request or per step, so each is bounded like `stop` (docs/api.md).
+MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
+MAX_ALLOWED_TOKEN_IDS = 4096
+MAX_STOP_TOKEN_IDS = 64
+MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS, which it counts after tokenizing (a word may count twice)
+MAX_BAD_WORD_CHARS = 256
+MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model's own size
+MAX_TOP_K = 2**31 - 1  # vLLM keeps top_k in int32 tensors; any k at or above the vocabulary means "every token"
+# The Responder can put usage on every chunk (vLLM's continuous_usage_stats); until the route hands it
+# `continuous_usage`, the option is refused rather than silently dropped.
+CONTINUOUS_USAGE_WIRED = False
+LOGIT_BIAS_BOUND = 100.0  # biases are clamped to [-100, 100], as vLLM does
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 # Known OpenAI parameters this service does not implement: a 400 that says so.
 UNSUPPORTED_PARAMETERS = (
     "tools",
@@ -26,7 +41,6 @@ UNSUPPORTED_PARAMETERS = (
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "logit_bias",
     "audio",
     "modalities",
     "prediction",
@@ -52,6 +66,21 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
+    # vLLM's sampling and decoding extensions (the openai SDK sends them through `extra_body`), with vLLM's types
+    # and defaults; see docs/api.md.
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, description="vLLM extension: 0 or -1 for every token.")
+    min_p: float | None = Field(None, ge=0, le=1, description="vLLM extension.")
+    min_tokens: int = Field(0, ge=0, description="vLLM extension: no end-of-sequence or stop token id before this.")
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False, description="vLLM extension.")
+    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM extension.")
+    include_stop_str_in_output: bool = Field(False, description="vLLM extension.")
+    skip_special_tokens: bool = Field(True, description="vLLM extension.")
+    spaces_between_special_tokens: bool = Field(True, description="vLLM extension.")
+    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        None, description="Token id (as a string) to a bias added to its logit, clamped to [-100, 100]."
+    )
+    allowed_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: sample only these tokens.")
+    bad_words: list[str] = Field(default_factory=list, description="vLLM extension: words never generated.")
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> _Request:
@@ -72,6 +101,12 @@ class _Request(BaseModel):
             raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        if self.continuous_usage and not CONTINUOUS_USAGE_WIRED:
+            raise UnsupportedParameter(
+                "'stream_options.continuous_usage_stats' is not supported by this service yet; remove it "
+                "(usage still comes in the last chunk with include_usage)",
+                param="stream_options",
+            )
         return self
 
     def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:
@@ -90,6 +125,85 @@ class _Request(BaseModel):
                 )
         return tuple(stops)
 
+    def _token_ids(self, name: str, ids: list[int] | None, limit: int) -> tuple[int, ...] | None:
+        if ids is None:
+            return None
+        if len(ids) > limit:
+            raise InvalidRequest(f"'{name}' has {len(ids)} token ids; at most {limit} are allowed", param=name)
+        return tuple(dict.fromkeys(ids))  # vLLM drops repeats too
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        bias = self.logit_bias or {}
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise InvalidRequest(
+                f"'logit_bias' has {len(bias)} entries; at most {MAX_LOGIT_BIAS} are allowed", param="logit_bias"
+            )
+        converted: dict[int, float] = {}
+        invalid: list[str] = []
+        for key, value in bias.items():
+            try:
+                token_id = int(key)  # as vLLM converts the keys
+            except ValueError:
+                invalid.append(key)
+                continue
+            converted[token_id] = min(LOGIT_BIAS_BOUND, max(-LOGIT_BIAS_BOUND, value))
+        if invalid:
+            raise InvalidRequest(
+                f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid[:8]!r}",
+                param="logit_bias",
+            )
+        out_of_range = [t for t in converted if not 0 <= t <= MAX_TOKEN_ID]
+        if out_of_range:
+            raise InvalidRequest(
+                f"token_id(s) {out_of_range[:8]} in logit_bias contain out-of-vocab token ids", param="logit_bias"
+            )
+        return tuple(converted.items())
+
+    def _bad_words(self) -> tuple[str, ...]:
+        words = self.bad_words
+        if len(words) > MAX_BAD_WORDS:
+            raise InvalidRequest(
+                f"'bad_words' has {len(words)} entries; at most {MAX_BAD_WORDS} are allowed", param="bad_words"
+            )
+        for word in words:
+            if not word:
+                raise InvalidRequest("bad_words cannot contain an empty string", param="bad_words")
+            if len(word) > MAX_BAD_WORD_CHARS:
+                raise InvalidRequest(
+                    f"a 'bad_words' entry is {len(word)} characters; at most {MAX_BAD_WORD_CHARS} are allowed",
+                    param="bad_words",
+                )
+        return tuple(dict.fromkeys(words))
+
+    def _extensions(self, max_tokens: int) -> dict[str, Any]:
+        """vLLM's sampling extensions as `GenerationParams` fields, checked as vLLM checks them (`min_tokens`
+        against the `max_tokens` in effect) and against this service's bounds; ids beyond the model's vocabulary
+        are the engine's to refuse (it knows the vocabulary)."""
+        if self.min_tokens > max_tokens:
+            raise InvalidRequest(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {self.min_tokens}",
+                param="min_tokens",
+            )
+        allowed = self._token_ids("allowed_token_ids", self.allowed_token_ids, MAX_ALLOWED_TOKEN_IDS)
+        if allowed is not None and not allowed:
+            raise InvalidRequest("allowed_token_ids is not None and empty!", param="allowed_token_ids")
+        repetition_penalty = 1.0 if self.repetition_penalty is None else self.repetition_penalty
+        if not math.isfinite(repetition_penalty):  # pydantic refuses NaN and infinities; a model built in code too
+            raise InvalidRequest("repetition_penalty must be a finite number", param="repetition_penalty")
+        return {
+            "top_k": self.top_k or 0,
+            "min_p": self.min_p or 0.0,
+            "min_tokens": self.min_tokens,
+            "repetition_penalty": repetition_penalty,
+            "stop_token_ids": self._token_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS) or (),
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "logit_bias": self._logit_bias(),
+            "allowed_token_ids": allowed,
+            "bad_words": self._bad_words(),
+        }
+
     def _params(
         self,
         limits: LimitsConfig,
@@ -101,7 +215,9 @@ class _Request(BaseModel):
     ) -> GenerationParams:
         is_default = max_tokens is None
         if max_tokens is None:
-            max_tokens = limits.default_max_tokens
+            # vLLM's default is whatever the context has left, so a min_tokens above our default raises it
+            # (up to limits.max_tokens; beyond that min_tokens itself is refused).
+            max_tokens = max(limits.default_max_tokens, min(self.min_tokens, limits.max_tokens))
         elif max_tokens > limits.max_tokens:
             raise InvalidRequest(
                 f"'{max_tokens_name}' is {max_tokens}; this model allows at most {limits.max_tokens}",
@@ -131,6 +247,7 @@ class _Request(BaseModel):
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
             max_tokens_is_default=is_default,
+            **self._extensions(max_tokens),
             **extra,
         )
 
@@ -138,10 +255,16 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's `continuous_usage_stats`: usage on every chunk; only together with `include_usage`, as in vLLM."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM extension
 
 
 class TextPart(BaseModel):

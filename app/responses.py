@@ -114,6 +114,8 @@ class Responder:
     shape: ChatShape | CompletionShape
     n: int
     include_usage: bool = False
+    # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far (with include_usage)
+    continuous_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
 
@@ -152,7 +154,7 @@ class Responder:
         out = self._envelope(self.shape.object_chunk)
         out["choices"] = choices
         if self.include_usage:
-            out["usage"] = None
+            out["usage"] = self.usage() if self.continuous_usage else None
         return out
 
     def usage_chunk(self) -> dict[str, Any]:

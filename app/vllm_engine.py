@@ -37,6 +37,7 @@ from app.engine import (
     GenerationParams,
     TokenLogprob,
 )
+from app.errors import InvalidRequest
 from app.model_store import resolve_source
 from app.precision import Dtype, PrecisionChoice, resolve_cpu_precision
 
@@ -112,7 +113,54 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
         ignore_eos=p.ignore_eos,
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        min_tokens=p.min_tokens,
+        repetition_penalty=p.repetition_penalty,
+        stop_token_ids=list(p.stop_token_ids),
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        logit_bias=dict(p.logit_bias) or None,
+        allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
+        bad_words=list(p.bad_words) or None,
     )
+
+
+# The request parameters vLLM may name in a VLLMValidationError (or begin its message with) that are this
+# service's parameters by the same name: such a refusal is a 400 naming it. Others (a schema vLLM cannot
+# compile, ...) stay EngineRejected, which the host attributes.
+_NAMED_PARAMETERS = (
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
+    "stop_token_ids",
+    "min_tokens",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+)
+
+
+def _refusal(err: Exception) -> Exception:
+    """vLLM's refusal of a request as an error for the client: `InvalidRequest` naming the parameter when vLLM
+    names one of ours (`VLLMValidationError.parameter`, or the first word of its message, as in "min_tokens must
+    be less than or equal to max_tokens=..."), `EngineRejected` otherwise."""
+    message = str(err)
+    param = getattr(err, "parameter", None)
+    if param not in _NAMED_PARAMETERS:
+        first = message.split(" ", 1)[0]
+        param = first if first in _NAMED_PARAMETERS else None
+    if param is None:
+        return EngineRejected(message)
+    return InvalidRequest(message, param=param)
 
 
 def _finite(logprob: float) -> float:
@@ -121,11 +169,16 @@ def _finite(logprob: float) -> float:
     return logprob if logprob >= -9999.0 else -9999.0  # NaN compares false: clamped
 
 
-def _logprobs(completion: Any, top_k: int) -> tuple[TokenLogprob, ...]:
+def _logprobs(completion: Any, top_k: int, stop_in_text: bool = False) -> tuple[TokenLogprob, ...]:
     pairs = list(zip(completion.token_ids, completion.logprobs or (), strict=False))  # no logprobs: no pairs
-    if pairs and completion.finish_reason == "stop" and not isinstance(completion.stop_reason, str):
-        # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text, so leave
-        # it out of the logprobs too; the tokens then spell the text, as OpenAI's do.
+    if (
+        pairs
+        and not stop_in_text
+        and completion.finish_reason == "stop"
+        and not isinstance(completion.stop_reason, str)
+    ):
+        # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text (unless
+        # include_stop_str_in_output), so leave it out of the logprobs too; the tokens then spell the text.
         pairs.pop()
     out = []
     for token_id, alternatives in pairs:
@@ -150,8 +203,9 @@ def _kill_started_since(before: set[int]) -> None:
     psutil.wait_procs(started, timeout=10)
 
 
-def _choice_delta(completion: Any, logprobs: int | None) -> ChoiceDelta:
-    """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape."""
+def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = False) -> ChoiceDelta:
+    """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape;
+    `stop_in_text`: the request's include_stop_str_in_output."""
     reason = completion.finish_reason
     if reason not in _NORMAL_FINISH:
         raise EngineFailed(f"the engine ended choice {completion.index} with finish reason '{reason}'")
@@ -160,7 +214,7 @@ def _choice_delta(completion: Any, logprobs: int | None) -> ChoiceDelta:
         text=completion.text,
         num_tokens=len(completion.token_ids),
         finish_reason=_NORMAL_FINISH[reason],
-        logprobs=_logprobs(completion, logprobs) if logprobs is not None else None,
+        logprobs=_logprobs(completion, logprobs, stop_in_text) if logprobs is not None else None,
     )
 
 
@@ -238,13 +292,16 @@ class VLLMEngine:
         try:
             sampling = _sampling_params(params)
         except (VLLMValidationError, ValueError) as err:
-            raise EngineRejected(str(err)) from None
+            raise _refusal(err) from None
+        stop_in_text = params.include_stop_str_in_output
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             async for out in self.llm.generate(prompt, sampling, request_id):
-                yield GenerationDelta(choices=tuple(_choice_delta(c, params.logprobs) for c in out.outputs))
+                yield GenerationDelta(
+                    choices=tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
+                )
         except VLLMValidationError as err:
-            raise EngineRejected(str(err)) from None
+            raise _refusal(err) from None
         except EngineDeadError as err:
             raise EngineDead(f"the engine failed: {err}") from None
         except EngineGenerateError as err:

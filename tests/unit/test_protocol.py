@@ -136,7 +136,6 @@ def test_unknown_field_refused_by_name():
 @pytest.mark.parametrize("name, value", [
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "auto"),
-    ("logit_bias", {"50256": -100}),
     ("best_of", 2),
     ("suffix", "end"),
 ])
@@ -148,7 +147,7 @@ def test_unsupported_parameters_refused(name, value):
 
 
 def test_empty_tools_and_tool_choice_none_accepted():
-    req = chat(tools=[], tool_choice="none", best_of=1, logit_bias={}, parallel_tool_calls=None)
+    req = chat(tools=[], tool_choice="none", best_of=1, parallel_tool_calls=None)
     assert req.to_params(LIMITS).max_tokens == 20
 
 

@@ -15,6 +15,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 from app import vllm_engine
 from app.engine import EngineDead, EngineFailed, EngineRejected, GenerationParams
+from app.errors import InvalidRequest
 from app.vllm_engine import _choice_delta, _finite, _logprobs, _sampling_params
 
 EOS = 2  # a token id standing for end-of-sequence
@@ -208,9 +209,13 @@ async def test_generate_raises_engine_failed_for_an_aborted_choice(engine):
 
 async def test_generate_refuses_parameters_vllm_refuses(engine):
     engine._llm = llm = StandInLLM([[_plain("x", [1], "stop")]])
-    with pytest.raises(EngineRejected):
+    with pytest.raises(InvalidRequest) as refused:
         await _run(engine, GenerationParams(max_tokens=4, top_p=0.0))  # vLLM wants 0 < top_p <= 1
+    assert refused.value.param == "top_p"  # vLLM names it: so does the 400
     assert llm.sampling is None  # refused before the engine saw it
+    with pytest.raises(InvalidRequest) as refused:  # vLLM's message starts with the name: that names it too
+        await _run(engine, GenerationParams(max_tokens=4, top_k=-5))
+    assert refused.value.param == "top_k"
 
 
 async def test_generate_dead_engine_is_engine_dead(engine):

@@ -1,0 +1,323 @@
+"""vLLM's sampling and decoding extensions (`top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
+`include_stop_str_in_output`, `skip_special_tokens`, `spaces_between_special_tokens`, `logit_bias`,
+`allowed_token_ids`, `bad_words`) and `stream_options.continuous_usage_stats`: the request models' conversion and
+validation, the 400s through the in-process stack, the fake engine's vocabulary, and `VLLMEngine`'s mapping to
+vLLM's `SamplingParams` and of vLLM's refusals, without starting an engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm.exceptions import VLLMValidationError
+from vllm.outputs import CompletionOutput
+
+from app import vllm_engine
+from app.config import LimitsConfig
+from app.engine import Admitted, ChoiceDelta, EngineRejected, GenerationDelta, GenerationParams
+from app.errors import InvalidRequest, UnsupportedParameter
+from app.fake_engine import VOCAB_SIZE
+from app.protocol import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORDS,
+    MAX_LOGIT_BIAS,
+    MAX_STOP_TOKEN_IDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+from app.responses import ChatShape, Responder
+from app.vllm_engine import _logprobs, _refusal, _sampling_params
+from tests.support.error_shape import assert_error_shape
+from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body
+
+LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20)
+MSGS = [{"role": "user", "content": "hi"}]
+
+EXTENSIONS = {
+    "top_k": 5,
+    "min_p": 0.1,
+    "min_tokens": 3,
+    "repetition_penalty": 1.3,
+    "stop_token_ids": [7, 9, 7],
+    "include_stop_str_in_output": True,
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+    "logit_bias": {"11": 5, "12": -250, " 13": 100.5},
+    "allowed_token_ids": [1, 2, 3, 2],
+    "bad_words": ["foo", "bar", "foo"],
+}
+
+
+def chat(**kw):
+    kw.setdefault("messages", MSGS)
+    return ChatCompletionRequest(model="m", **kw)
+
+
+def completion(**kw):
+    kw.setdefault("prompt", "hi")
+    return CompletionRequest(model="m", **kw)
+
+
+# -- the request models ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [chat, completion], ids=["chat", "completion"])
+def test_every_extension_reaches_the_engine_parameters(make):
+    p = make(**EXTENSIONS).to_params(LIMITS)
+    assert (p.top_k, p.min_p, p.min_tokens, p.repetition_penalty) == (5, 0.1, 3, 1.3)
+    assert p.stop_token_ids == (7, 9)  # repeats dropped, as vLLM drops them
+    assert (p.include_stop_str_in_output, p.skip_special_tokens, p.spaces_between_special_tokens) == (
+        True, False, False)
+    assert dict(p.logit_bias) == {11: 5.0, 12: -100.0, 13: 100.0}  # keys as vLLM converts them; clamped
+    assert p.allowed_token_ids == (1, 2, 3)
+    assert p.bad_words == ("foo", "bar")
+
+
+@pytest.mark.parametrize("make", [chat, completion], ids=["chat", "completion"])
+def test_absent_extensions_are_vllms_no_op_defaults(make):
+    p = make().to_params(LIMITS)
+    defaults = GenerationParams(max_tokens=1)
+    for name in ("top_k", "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "include_stop_str_in_output",
+                 "skip_special_tokens", "spaces_between_special_tokens", "logit_bias", "allowed_token_ids",
+                 "bad_words"):
+        assert getattr(p, name) == getattr(defaults, name), name
+    # null where vLLM takes null: the same defaults
+    p = make(top_k=None, min_p=None, repetition_penalty=None, stop_token_ids=None, logit_bias=None,
+             allowed_token_ids=None).to_params(LIMITS)
+    assert (p.top_k, p.min_p, p.repetition_penalty, p.stop_token_ids, p.logit_bias, p.allowed_token_ids) == (
+        0, 0.0, 1.0, (), (), None)
+    assert make(top_k=-1).to_params(LIMITS).top_k == -1  # vLLM's other spelling of "every token"
+
+
+def test_min_tokens_raises_the_default_max_tokens_but_not_an_explicit_one():
+    p = chat(min_tokens=50).to_params(LIMITS)
+    assert (p.max_tokens, p.min_tokens, p.max_tokens_is_default) == (50, 50, True)
+    assert chat(min_tokens=5).to_params(LIMITS).max_tokens == 20  # below the default: the default
+    with pytest.raises(InvalidRequest) as err:
+        chat(min_tokens=8, max_tokens=7).to_params(LIMITS)
+    assert err.value.param == "min_tokens" and "max_tokens=7" in str(err.value)
+    with pytest.raises(InvalidRequest) as err:  # over the model's max_tokens: refused, not raised to it
+        completion(min_tokens=101).to_params(LIMITS)
+    assert err.value.param == "min_tokens"
+    assert chat(min_tokens=7, max_completion_tokens=7).to_params(LIMITS).min_tokens == 7
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("logit_bias", {"a": 1}, "cannot be converted to integer token IDs"),
+    ("logit_bias", {"-1": 1}, "out-of-vocab"),
+    ("logit_bias", {str(2**40): 1}, "out-of-vocab"),
+    ("logit_bias", {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)}, f"at most {MAX_LOGIT_BIAS}"),
+    ("allowed_token_ids", [], "empty"),
+    ("allowed_token_ids", list(range(MAX_ALLOWED_TOKEN_IDS + 1)), f"at most {MAX_ALLOWED_TOKEN_IDS}"),
+    ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS + 1)), f"at most {MAX_STOP_TOKEN_IDS}"),
+    ("bad_words", [""], "empty string"),
+    ("bad_words", ["w"] * (MAX_BAD_WORDS + 1), f"at most {MAX_BAD_WORDS}"),
+    ("bad_words", ["w" * (MAX_BAD_WORD_CHARS + 1)], f"at most {MAX_BAD_WORD_CHARS}"),
+])
+def test_refusals_name_the_parameter(field, value, message):
+    for make in (chat, completion):
+        with pytest.raises(InvalidRequest) as err:
+            make(**{field: value}).to_params(LIMITS)
+        assert err.value.param == field and message in str(err.value), str(err.value)
+        assert err.value.status == 400
+
+
+def test_limits_are_inclusive():
+    p = chat(logit_bias={str(i): 1 for i in range(MAX_LOGIT_BIAS)}, stop_token_ids=list(range(MAX_STOP_TOKEN_IDS)),
+             allowed_token_ids=list(range(MAX_ALLOWED_TOKEN_IDS)),
+             bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS)]).to_params(LIMITS)
+    assert len(p.logit_bias) == MAX_LOGIT_BIAS and len(p.bad_words) == MAX_BAD_WORDS
+
+
+def test_empty_logit_bias_is_no_bias():
+    assert chat(logit_bias={}).to_params(LIMITS).logit_bias == ()
+
+
+# -- through the in-process stack: the 400 in OpenAI's shape, naming the parameter ------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("top_k", -2), ("top_k", 1.5), ("top_k", 2**31), ("top_k", "many"),
+    ("min_p", -0.1), ("min_p", 1.01),
+    ("repetition_penalty", 0), ("repetition_penalty", -1.0),
+    ("min_tokens", -1), ("min_tokens", None), ("min_tokens", MAX_TOKENS + 1),
+    ("stop_token_ids", [-1]), ("stop_token_ids", ["x"]), ("stop_token_ids", 5), ("stop_token_ids", [VOCAB_SIZE]),
+    ("include_stop_str_in_output", None), ("skip_special_tokens", "maybe"), ("spaces_between_special_tokens", [1]),
+    ("logit_bias", {"x": 1}), ("logit_bias", {"1": "high"}), ("logit_bias", [1, 2]), ("logit_bias", {"256": 1}),
+    ("allowed_token_ids", []), ("allowed_token_ids", [-3]), ("allowed_token_ids", [0, VOCAB_SIZE]),
+    ("bad_words", None), ("bad_words", [""]), ("bad_words", "word"),
+])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_bad_values_are_a_400_naming_the_parameter(client, path, field, value):
+    body = chat_body() if "chat" in path else {"model": MODEL_ID, "prompt": "Hello"}
+    r = await client.post(path, json={**body, field: value})
+    assert r.status_code == 400, r.text
+    assert_error_shape(r.status_code, r.headers.get("content-type", ""), r.content)
+    assert r.json()["error"]["param"] == field, r.text
+
+
+@pytest.mark.parametrize("field, raw", [("repetition_penalty", "NaN"), ("repetition_penalty", "Infinity"),
+                                        ("min_p", "NaN"), ("logit_bias", '{"5": NaN}')])
+async def test_non_finite_numbers_are_a_400(client, field, raw):
+    body = json.dumps(chat_body())[:-1] + f', "{field}": {raw}}}'
+    r = await client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+
+
+async def test_every_extension_is_accepted_end_to_end(client, stack):
+    r = await client.post("/v1/chat/completions", json=chat_body(**EXTENSIONS, max_tokens=20, temperature=0))
+    assert r.status_code == 200, r.text
+    ok = await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", **EXTENSIONS})
+    assert ok.status_code == 200, ok.text
+
+
+async def test_min_tokens_keeps_generating_past_the_end(client):
+    plain = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi"})).json()
+    longer = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "min_tokens": 20})).json()
+    assert plain["usage"]["completion_tokens"] < 20 <= longer["usage"]["completion_tokens"]
+    assert longer["choices"][0]["text"].startswith(plain["choices"][0]["text"])
+    assert longer["usage"]["completion_tokens"] <= DEFAULT_MAX_TOKENS
+
+
+async def test_include_stop_str_in_output(client):
+    cut = (await client.post("/v1/chat/completions", json=chat_body(stop=["fake"]))).json()
+    kept = (await client.post("/v1/chat/completions", json=chat_body(stop=["fake"],
+                                                                     include_stop_str_in_output=True))).json()
+    assert cut["choices"][0]["message"]["content"] == "This is a "
+    assert kept["choices"][0]["message"]["content"] == "This is a fake"
+    assert kept["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_min_tokens_beyond_what_the_context_leaves_is_a_400_naming_it(client):
+    # the default max_tokens shrinks to what the context has left; a min_tokens above that cannot hold
+    r = await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "x" * 200, "min_tokens": 100})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens", r.text
+
+
+# -- stream_options.continuous_usage_stats ---------------------------------------------------------------------
+
+
+def test_continuous_usage_needs_include_usage_as_in_vllm():
+    opts = {"include_usage": False, "continuous_usage_stats": True}
+    assert chat(stream=True, stream_options=opts).continuous_usage is False
+    assert chat(stream=True, stream_options={"continuous_usage_stats": False, "include_usage": True}
+                ).continuous_usage is False
+    assert chat(stream=True, stream_options={"include_usage": None}).include_usage is False  # vLLM takes null
+
+
+def test_continuous_usage_until_wired_is_refused_not_dropped(monkeypatch):
+    from app import protocol
+
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    if not protocol.CONTINUOUS_USAGE_WIRED:
+        with pytest.raises(UnsupportedParameter) as err:
+            chat(stream=True, stream_options=opts)
+        assert err.value.param == "stream_options"
+    monkeypatch.setattr(protocol, "CONTINUOUS_USAGE_WIRED", True)
+    assert chat(stream=True, stream_options=opts).continuous_usage is True
+
+
+def test_responder_puts_the_usage_so_far_on_every_chunk():
+    r = Responder(request_id="c", model="m", shape=ChatShape(), n=1, include_usage=True, continuous_usage=True)
+    r.admitted(Admitted(prompt_tokens=4))
+    one = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="Hi", num_tokens=1),)))
+    two = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="!", num_tokens=2, finish_reason="stop"),)))
+    assert one["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    assert two["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert r.usage_chunk()["usage"] == two["usage"]  # the last chunk still comes, with the same figures
+
+
+# -- VLLMEngine: to vLLM's SamplingParams, and vLLM's refusals ---------------------------------------------------
+
+
+def test_sampling_params_carry_every_extension():
+    params = chat(**EXTENSIONS, temperature=0.7).to_params(LIMITS)
+    sp = _sampling_params(params)
+    assert (sp.top_k, sp.min_p, sp.min_tokens, sp.repetition_penalty) == (5, 0.1, 3, 1.3)
+    assert sp.stop_token_ids == [7, 9]
+    assert sp.include_stop_str_in_output is True
+    assert sp.skip_special_tokens is False and sp.spaces_between_special_tokens is False
+    assert sp.logit_bias == {11: 5.0, 12: -100.0, 13: 100.0}
+    assert sp.allowed_token_ids == [1, 2, 3]
+    assert sp.bad_words == ["foo", "bar"]
+    assert sp.output_text_buffer_length == 0  # include_stop_str_in_output: nothing held back
+
+
+def test_sampling_params_of_the_defaults_are_vllms_defaults():
+    sp = _sampling_params(GenerationParams(max_tokens=4))
+    assert (sp.top_k, sp.min_p, sp.min_tokens, sp.repetition_penalty) == (0, 0.0, 0, 1.0)
+    assert sp.stop_token_ids == [] and sp.logit_bias is None and sp.allowed_token_ids is None
+    assert sp.bad_words == [] and sp.skip_special_tokens and sp.spaces_between_special_tokens
+    assert not sp.include_stop_str_in_output
+
+
+@pytest.mark.parametrize("err, expected, param", [
+    (VLLMValidationError("token_id(s) [99999] in logit_bias contain out-of-vocab token ids. Vocabulary size: 49152",
+                         parameter="logit_bias"), InvalidRequest, "logit_bias"),
+    (VLLMValidationError("allowed_token_ids contains out-of-vocab token id!", parameter="allowed_token_ids"),
+     InvalidRequest, "allowed_token_ids"),
+    (VLLMValidationError("bad_words entries must tokenize to at least one token.", parameter="bad_words"),
+     InvalidRequest, "bad_words"),
+    (VLLMValidationError("min_tokens must be less than or equal to max_tokens=3, got 5."), InvalidRequest,
+     "min_tokens"),
+    (VLLMValidationError("repetition_penalty must be greater than zero, got 0."), InvalidRequest,
+     "repetition_penalty"),
+    (VLLMValidationError("grammar is not valid", parameter="structured_outputs"), EngineRejected, None),
+    (ValueError("something else entirely"), EngineRejected, None),
+])
+def test_vllm_refusals_name_our_parameter_when_vllm_names_it(err, expected, param):
+    mapped = _refusal(err)
+    assert type(mapped) is expected and str(mapped) == str(err)
+    assert getattr(mapped, "param", None) == param
+
+
+@pytest.fixture
+def vllm(model_config):
+    engine = vllm_engine.VLLMEngine(model_config)
+    yield engine
+    engine._llm = None
+
+
+class _RefusingLLM:
+    """`AsyncLLM.generate` refusing the request as vLLM's input processor does (before any output)."""
+
+    errored = False
+
+    def __init__(self, err):
+        self.err = err
+        self.aborted: list[str] = []
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+    async def generate(self, prompt, sampling, request_id):
+        raise self.err
+        yield  # an async generator
+
+
+async def test_an_out_of_vocabulary_id_refused_by_vllm_is_a_400_naming_it(vllm):
+    vllm._llm = _RefusingLLM(VLLMValidationError("token_id(s) [60000] in stop_token_ids contain out-of-vocab token "
+                                                 "ids. Vocabulary size: 49152", parameter="stop_token_ids"))
+    with pytest.raises(InvalidRequest) as err:
+        async for _ in vllm.generate("r1", [1, 2], GenerationParams(max_tokens=4, stop_token_ids=(60000,))):
+            pass
+    assert err.value.param == "stop_token_ids" and "49152" in str(err.value)
+
+
+def _done(token_ids, finish_reason, stop_reason):
+    from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
+
+    logprobs = create_sample_logprobs(False)
+    for t in token_ids:
+        append_logprobs_for_next_position(logprobs, [t], [-0.5], [f"<{t}>"], 1, 0)
+    return CompletionOutput(index=0, text="".join(f"<{t}>" for t in token_ids), token_ids=token_ids,
+                            cumulative_logprob=None, logprobs=logprobs, finish_reason=finish_reason,
+                            stop_reason=stop_reason)
+
+
+def test_logprobs_keep_the_stop_token_when_it_is_in_the_text():
+    by_stop_token = _done([5, 6, 42], "stop", 42)
+    assert [lp.token for lp in _logprobs(by_stop_token, 0)] == ["<5>", "<6>"]  # as the text leaves it out
+    assert [lp.token for lp in _logprobs(by_stop_token, 0, stop_in_text=True)] == ["<5>", "<6>", "<42>"]

@@ -100,7 +100,8 @@ def _setup_lines(runs: list[SystemRun], opts: ReportOptions, meta: RunMeta, engi
         "- This project's config: `configs/cpu.yaml` with only these changed: `service.port` (a free port), "
         "`service.request_timeout_s: 3600`, `service.drain_grace_s: 5`, no API keys, the engine settings above "
         "(`max_num_seqs: 64`, `dtype`), `deployment.max_ongoing_requests: 64` (at least the highest concurrency, so "
-        "admission does not refuse), `deployment.max_queued_requests: 64`, `limits.max_tokens` at least the output "
+        "admission does not refuse), `deployment.max_queued_requests: 64`, `deployment.ttft_target_s: null` (nor by "
+        "time), `limits.max_tokens` at least the output "
         "length.",
         f"- Load: vLLM's own load generator (`vllm bench serve`, via `benchmarks/vllm_bench_serve.py`), backend "
         f"`openai-chat`, streaming `/v1/chat/completions`, random dataset, {opts.input_len}-token prompts, fixed "

@@ -108,7 +108,8 @@ def write_app_config(repo: Path, work: Path, port: int, max_concurrency: int, ou
         service["request_timeout_s"] = 3600
         model["deployment"].update({
             "max_ongoing_requests": max(64, max_concurrency),  # admission must not refuse during the benchmark
-            "max_queued_requests": 64})
+            "max_queued_requests": 64,
+            "ttft_target_s": None})  # by count or by time: a closed-loop throughput run measures the engine
     limits = model.setdefault("limits", {})
     limits["max_tokens"] = max(int(limits.get("max_tokens", 1024)), output_len)
     config["models"] = [model]

@@ -142,7 +142,7 @@ async def send(client: openai.AsyncOpenAI, log: AttemptLog, model: str, prompts:
         rec.outcome = status_outcome(err.status_code, err.body)
     except httpx2.TimeoutException as err:  # inside a stream, after its 200
         rec.outcome, rec.detail = "timed_out", f"client timeout in the stream ({type(err).__name__})"
-    except (openai.OpenAIError, httpx2.HTTPError) as err:
+    except Exception as err:  # openai.OpenAIError, httpx2.HTTPError, a malformed answer: one request fails, not the run
         rec.outcome, rec.detail = "failed", f"{type(err).__name__}: {err}"[:200]
     finally:
         rec.end = time.monotonic()

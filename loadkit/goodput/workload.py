@@ -62,10 +62,13 @@ def prompt_maker(model_dir: str | None) -> PromptMaker:
 
         def count(words: int) -> int:
             messages = [{"role": "user", "content": maker.text(0, words)}]
-            return len(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return len(tok(text, add_special_tokens=False)["input_ids"])
 
         small, large = count(10), count(410)
     except Exception:  # the tokenizer is a refinement, never a reason not to run
+        return maker
+    if large <= small:
         return maker
     maker.per_word = (large - small) / 400
     maker.base = small - 10 * maker.per_word

@@ -289,7 +289,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
 
 @pytest.mark.parametrize("name, kwargs", [
     ("tools", {"tools": [TOOL]}),
-    ("logit_bias", {"logit_bias": {"1": 5}}),
+    ("prediction", {"prediction": {"type": "content", "content": "Paris"}}),
     ("foo", {"extra_body": {"foo": 1}}),
 ])
 def test_unsupported_parameters_are_a_400_naming_them(client, name, kwargs):
@@ -366,7 +366,8 @@ async def test_async_client_completions_raw_and_streaming(async_client, client):
         lines = [line async for line in resp.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and len(lines) >= 2
     with pytest.raises(openai.BadRequestError):
-        await async_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, logit_bias={"1": 1})
+        await async_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+                                                   logit_bias={"-1": 1})  # not a token id
 
 
 # -- third-party clients ----------------------------------------------------------------

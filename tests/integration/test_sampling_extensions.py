@@ -1,0 +1,173 @@
+"""vLLM's sampling and decoding extensions against the real stack, sent as a client written against `vllm serve`
+sends them (the openai SDK's `extra_body`: top-level JSON fields). Each test compares with a control request
+without the parameter, under greedy decoding, so a parameter that was accepted and dropped would fail it; each
+bad value is a 400 naming the parameter. Behaviour only, never timing."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.integration.conftest import MODEL
+
+pytestmark = pytest.mark.integration
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+REPEAT = [{"role": "user", "content": "Repeat the word 'apple' twenty times, separated by spaces."}]
+VOCAB = 49152  # SmolLM2's vocabulary
+
+
+def token_id(http, text: str) -> tuple[int, str]:
+    """The last token id of `text` as the model tokenizes it, and that token's own text."""
+    ids = http.post("/tokenize", json={"model": MODEL, "prompt": text}).json()["tokens"]
+    word = http.post("/detokenize", json={"model": MODEL, "tokens": [ids[-1]]}).json()["prompt"]
+    return ids[-1], word
+
+
+def complete(client, prompt=PROMPT, **extra):
+    params = {k: extra.pop(k) for k in ("max_tokens", "temperature", "seed", "stream") if k in extra}
+    params.setdefault("max_tokens", 12)
+    params.setdefault("temperature", 0)
+    return client.completions.create(model=MODEL, prompt=prompt, extra_body=extra or None, **params)
+
+
+def chat(client, messages=QUESTION, **extra):
+    params = {k: extra.pop(k) for k in ("max_tokens", "temperature", "seed") if k in extra}
+    params.setdefault("max_tokens", 24)
+    params.setdefault("temperature", 0)
+    return client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra or None, **params)
+
+
+def refused(call, *args, **kwargs) -> dict:
+    with pytest.raises(openai.BadRequestError) as err:
+        call(*args, **kwargs)
+    assert err.value.status_code == 400
+    body = err.value.body
+    assert set(body) == {"message", "type", "param", "code"} and body["type"] == "invalid_request_error", body
+    return body
+
+
+# -- token-level control ------------------------------------------------------------------------------------
+
+
+def test_logit_bias_forces_a_token_and_bans_another(client, http):
+    forced, word = token_id(http, " Berlin")
+    r = complete(client, max_tokens=3, logit_bias={str(forced): 100})
+    assert r.choices[0].text == word * 3, r.choices[0].text
+    greedy = complete(client, max_tokens=3).choices[0].text
+    last, _ = token_id(http, greedy)  # the greedy text's last token: with it banned, the text is another
+    banned = complete(client, max_tokens=3, logit_bias={str(last): -100}).choices[0].text
+    assert banned != greedy, (banned, greedy)
+
+
+def test_allowed_token_ids_restrict_sampling(client, http):
+    only, word = token_id(http, " yes")
+    r = complete(client, max_tokens=4, temperature=1.0, seed=3, allowed_token_ids=[only])
+    assert r.choices[0].text == word * 4
+
+
+def test_stop_token_ids_end_the_output(client, http):
+    greedy = complete(client, max_tokens=12)
+    ids = http.post("/tokenize", json={"model": MODEL, "prompt": greedy.choices[0].text}).json()["tokens"]
+    assert len(ids) >= 4, greedy.choices[0].text
+    stop = ids[3]
+    stopped = complete(client, max_tokens=12, stop_token_ids=[stop])
+    text = stopped.choices[0].text
+    assert stopped.choices[0].finish_reason == "stop"
+    assert greedy.choices[0].text.startswith(text) and len(text) < len(greedy.choices[0].text)
+    assert stopped.usage.completion_tokens < greedy.usage.completion_tokens
+    # with include_stop_str_in_output the stop token's text stays in the output
+    kept = complete(client, max_tokens=12, stop_token_ids=[stop], include_stop_str_in_output=True).choices[0].text
+    assert greedy.choices[0].text.startswith(kept) and len(kept) > len(text)
+
+
+def test_stop_token_ids_while_streaming(client, http):
+    greedy = complete(client, max_tokens=12).choices[0].text
+    ids = http.post("/tokenize", json={"model": MODEL, "prompt": greedy}).json()["tokens"]
+    whole = complete(client, max_tokens=12, stop_token_ids=[ids[3]]).choices[0].text
+    chunks = list(complete(client, max_tokens=12, stream=True, stop_token_ids=[ids[3]]))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_min_tokens_masks_end_of_sequence(client):
+    plain = chat(client, max_tokens=64)
+    assert plain.choices[0].finish_reason == "stop"  # the answer ends by itself, well before 64 tokens
+    n = plain.usage.completion_tokens
+    longer = chat(client, max_tokens=n + 20, min_tokens=n + 10)
+    assert longer.usage.completion_tokens >= n + 10
+    assert longer.choices[0].message.content.startswith(plain.choices[0].message.content)
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client):
+    greedy = complete(client, max_tokens=12).choices[0].text
+    stop = greedy.strip().split()[1]  # a word from the middle of the answer
+    cut = complete(client, max_tokens=12, stop=[stop]).choices[0].text
+    kept = complete(client, max_tokens=12, stop=[stop], include_stop_str_in_output=True).choices[0].text
+    assert kept == cut + stop
+
+
+def test_special_tokens_shown_when_not_skipped(client):
+    plain = chat(client).choices[0].message.content
+    shown = chat(client, skip_special_tokens=False, include_stop_str_in_output=True).choices[0].message.content
+    assert "<|im_end|>" not in plain
+    assert shown.startswith(plain) and shown.endswith("<|im_end|>"), shown
+
+
+# -- sampling filters --------------------------------------------------------------------------------------
+
+
+def test_top_k_1_and_min_p_1_are_greedy(client):
+    greedy = chat(client).choices[0].message.content
+    for seed in (1, 2):
+        assert chat(client, temperature=1.0, seed=seed, top_k=1).choices[0].message.content == greedy
+        assert chat(client, temperature=1.0, seed=seed, min_p=1.0).choices[0].message.content == greedy
+    # and the control: without either, some seed samples something else at temperature 2
+    sampled = {chat(client, temperature=2.0, seed=seed).choices[0].message.content for seed in (1, 2, 3)}
+    assert sampled != {greedy}
+
+
+def test_repetition_penalty_changes_a_repetitive_answer(client):
+    greedy = chat(client, messages=REPEAT, max_tokens=40).choices[0].message.content
+    penalised = chat(client, messages=REPEAT, max_tokens=40, repetition_penalty=1.8).choices[0].message.content
+    assert penalised != greedy
+    assert chat(client, messages=REPEAT, max_tokens=40, repetition_penalty=1.0).choices[0].message.content == greedy
+
+
+def test_bad_words_change_the_answer(client):
+    greedy = chat(client).choices[0].message.content
+    assert "Paris" in greedy
+    other = chat(client, bad_words=["Paris"]).choices[0].message.content
+    assert other != greedy
+
+
+# -- refusals ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("param, extra", [
+    ("logit_bias", {"logit_bias": {str(VOCAB): 5}}),  # out of the model's vocabulary: the engine's check
+    ("logit_bias", {"logit_bias": {"one": 5}}),
+    ("stop_token_ids", {"stop_token_ids": [VOCAB + 7]}),
+    ("allowed_token_ids", {"allowed_token_ids": [1, VOCAB]}),
+    ("allowed_token_ids", {"allowed_token_ids": []}),
+    ("top_k", {"top_k": -2}),
+    ("min_p", {"min_p": 1.5}),
+    ("repetition_penalty", {"repetition_penalty": 0}),
+    ("min_tokens", {"min_tokens": 9, "max_tokens": 4}),
+    ("bad_words", {"bad_words": [""]}),
+])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_bad_values_are_a_400_naming_the_parameter(client, endpoint, param, extra):
+    extra = dict(extra)
+    if endpoint == "chat":
+        body = refused(chat, client, **extra)
+    else:
+        body = refused(complete, client, **extra)
+    assert body["param"] == param, body
+
+
+def test_the_engine_still_serves_after_the_refusals(client, service):
+    assert "Paris" in chat(client).choices[0].message.content
+    stats = service.wait_idle()
+    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0

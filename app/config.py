@@ -33,6 +33,13 @@ class EngineConfig(_Strict):
 
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens (prompt + completion).")
     max_num_seqs: int = Field(32, ge=1, description="Most sequences the engine schedules in one step.")
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="Most tokens one engine step processes (prefill chunks and decodes together; vLLM's chunked "
+        "prefill splits a longer prompt over several steps, so a huge prompt delays the running streams' next "
+        "token by at most one such step). Default: vLLM's (2048 on a CPU).",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
         description="Weight and activation dtype. `auto`: on a CPU the fastest this CPU computes in correctly "

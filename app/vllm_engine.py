@@ -84,6 +84,7 @@ def _engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
         served_model_name=model.id,
         max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
         dtype=dtype,
         enforce_eager=e.enforce_eager,
         seed=e.seed,

@@ -101,18 +101,42 @@ def _step(v: Variant, sweep: Sweep, port: int, sampler: PeakSampler, step: Step,
                       result=str(at.work / name) if err is None else None, error=err)
 
 
+@dataclass
+class Server:
+    """A variant's server while it runs (for every driver that starts the bench's systems): its process group on a
+    free port, the sampler of its whole tree's RSS, and `stop`, which leaves nothing behind."""
+
+    group: ProcessGroup
+    sampler: PeakSampler
+    port: int
+    command: list[str]
+    started: float  # monotonic
+
+    @classmethod
+    def start(cls, v: Variant, at: Launchable, log_path: Path) -> Server:
+        port = free_port()
+        command = system_command(v, port, at)
+        group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=log_path)
+        return cls(group, PeakSampler(ProcessTree(group.pid, group.tag)).start(), port, command, time.monotonic())
+
+    def stop(self, sigint_wait_s: float) -> str:
+        """Stops the group (SIGINT, then harder) and every process the sampler saw; how that went."""
+        self.sampler.sample()
+        seen = self.sampler.known()
+        self.sampler.close()
+        return self.group.stop(sigint_wait_s=sigint_wait_s, seen=seen).text()
+
+
 def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[StepRecord]]:
     """One launch of `v`: every step once with round `round_`'s prompts (seed SEED + round_)."""
     at = sweep.at
-    port = free_port()
-    command = system_command(v, port, at)
-    launch = Launch(system=v.system, dtype=v.dtype, round=round_, port=port, command=command,
-                    log_path=str(at.work / f"{v.system}-{v.dtype}.r{round_}.server.log"))
+    log_path = at.work / f"{v.system}-{v.dtype}.r{round_}.server.log"
+    server = Server.start(v, at, log_path)
+    group, sampler, port, started = server.group, server.sampler, server.port, server.started
+    launch = Launch(system=v.system, dtype=v.dtype, round=round_, port=port, command=server.command,
+                    log_path=str(log_path))
     records: list[StepRecord] = []
-    say(f"{v.key}: round {round_}: starting on port {port}: {shlex.join(command)}")
-    started = time.monotonic()
-    group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=Path(launch.log_path))
-    sampler = PeakSampler(ProcessTree(group.pid, group.tag)).start()
+    say(f"{v.key}: round {round_}: started on port {port}: {shlex.join(server.command)}")
     try:
         why = wait_ready(group, port, sweep.startup_timeout_s)
         if why:
@@ -133,8 +157,5 @@ def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[S
                 break
         return launch, records
     finally:
-        sampler.sample()
-        seen = sampler.known()
-        sampler.close()
-        launch.stop_report = group.stop(sigint_wait_s=sweep.stop_grace_s, seen=seen).text()
+        launch.stop_report = server.stop(sweep.stop_grace_s)
         say(f"{v.key}: {launch.stop_report}")

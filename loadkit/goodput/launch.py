@@ -11,18 +11,16 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from loadkit.bench.launch import wait_ready
-from loadkit.bench.systems import MODEL_ID, Launchable, Variant, system_command, system_env
+from loadkit.bench.launch import Server, wait_ready
+from loadkit.bench.systems import MODEL_ID, Launchable, Variant
 from loadkit.goodput.capacity import Capacity, measure
 from loadkit.goodput.client import Record, make_client, send
 from loadkit.goodput.schedule import arrivals
 from loadkit.goodput.step import Window, open_loop
 from loadkit.goodput.workload import mix, stream
 from loadkit.overload.mix import PromptMaker
-from loadkit.proctree import PeakSampler, ProcessTree
-from loadkit.service import ProcessGroup, free_port
+from loadkit.proctree import PeakSampler
 
 WARMUPS = 4
 INDEX_BLOCK = 100_000  # request indices: one block per window of a run, so no two requests share a prompt
@@ -115,34 +113,27 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
 
 
 def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Capacity | None) -> LaunchRun:
-    at = plan.at
-    port = free_port()
-    command = system_command(v, port, at)
-    out = LaunchRun(system=v.system, round=round_, command=command,
-                    log_path=str(at.work / f"{v.system}.r{round_}.server.log"))
-    say(f"{v.system}: round {round_}: starting on port {port}: {shlex.join(command)}")
-    started = time.monotonic()
-    group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=Path(out.log_path))
-    sampler = PeakSampler(ProcessTree(group.pid, group.tag)).start()
+    log_path = plan.at.work / f"{v.system}.r{round_}.server.log"
+    server = Server.start(v, plan.at, log_path)
+    out = LaunchRun(system=v.system, round=round_, command=server.command, log_path=str(log_path))
+    say(f"{v.system}: round {round_}: started on port {server.port}: {shlex.join(server.command)}")
     try:
-        why = wait_ready(group, port, plan.startup_timeout_s)
+        why = wait_ready(server.group, server.port, plan.startup_timeout_s)
         if why:
             out.status = f"failed to start: {why}"
             say(f"{v.system}: {out.status}")
             return out
-        out.startup_s = time.monotonic() - started
-        out.idle_rss_bytes = sampler.sample()
+        out.startup_s = time.monotonic() - server.started
+        out.idle_rss_bytes = server.sampler.sample()
         say(f"{v.system}: ready in {out.startup_s:.0f} s, {out.idle_rss_bytes / 2**30:.2f} GiB RSS")
         try:
-            asyncio.run(_drive(plan, f"http://127.0.0.1:{port}", prompts, round_, capacity, sampler, out))
+            asyncio.run(_drive(plan, f"http://127.0.0.1:{server.port}", prompts, round_, capacity, server.sampler, out))
         except RuntimeError as err:
             out.status = f"failed: {err}"
             return out
-        out.status = "ok" if group.running() else f"exited with status {group.proc.returncode} during the run"
+        running = server.group.running()
+        out.status = "ok" if running else f"exited with status {server.group.proc.returncode} during the run"
         return out
     finally:
-        sampler.sample()
-        seen = sampler.known()
-        sampler.close()
-        out.stop_report = group.stop(sigint_wait_s=plan.stop_grace_s, seen=seen).text()
+        out.stop_report = server.stop(plan.stop_grace_s)
         say(f"{v.system}: {out.stop_report}")

@@ -173,6 +173,10 @@ class _Request(BaseModel):
                     f"a 'bad_words' entry is {len(word)} characters; at most {MAX_BAD_WORD_CHARS} are allowed",
                     param="bad_words",
                 )
+            try:
+                word.encode("utf-8")  # the tokenizer fails on a lone surrogate (JSON can carry one: "\ud800")
+            except UnicodeEncodeError:
+                raise InvalidRequest("bad_words entries must be valid Unicode text", param="bad_words") from None
         return tuple(dict.fromkeys(words))
 
     def _extensions(self, max_tokens: int) -> dict[str, Any]:

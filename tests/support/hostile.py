@@ -153,6 +153,8 @@ def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_0
         Hostile("stop-token-ids-out-of-vocab", COMPLETIONS, completion(stop_token_ids=[10**9]), param="stop_token_ids"),
         Hostile("bad-words-5000", CHAT, chat(bad_words=[f"w{i}" for i in range(5000)]), param="bad_words"),
         Hostile("bad-words-100k-chars", CHAT, chat(bad_words=["x" * 100_000]), param="bad_words"),
+        Hostile("bad-words-lone-surrogate", CHAT, chat(bad_words=["\ud800"]), param="bad_words"),
+        Hostile("bad-words-whitespace", CHAT, chat(bad_words=[" "]), statuses=(200, 400), param="bad_words"),
         Hostile("top-k-2e70", CHAT, chat(top_k=2**70), param="top_k"),
         Hostile("min-tokens-1e12", CHAT, chat(min_tokens=10**12), param="min_tokens"),
         Hostile("min-tokens-over-max-tokens", COMPLETIONS, completion(min_tokens=5), param="min_tokens"),

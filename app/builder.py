@@ -11,15 +11,23 @@ import re
 from typing import Any
 
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
 from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
 from app.replicas import EngineReplica, Ingress, ModelServer
+from app.serving_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, ServingReplicaRouter
 
 INGRESS_NAME = "ingress"
 # Serve's own per-replica cap sits above ours, so overflow reaches EngineHost and is refused fast and honestly.
 _SERVE_SLACK = 8
 _HTTP_HEADROOM = 1000
+# Engine replicas are routed by serving_router.py. (A dict: Ray's pydantic-compat models confuse mypy.)
+_ROUTER: dict[str, Any] = {
+    "request_router_class": ServingReplicaRouter,
+    "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+    "request_routing_stats_timeout_s": ROUTING_STATS_TIMEOUT_S,
+}
 
 
 def engine_deployment_name(model_id: str) -> str:
@@ -42,6 +50,7 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
         health_check_period_s=dep.health_check_period_s,
         health_check_timeout_s=dep.health_check_timeout_s,
         graceful_shutdown_timeout_s=config.service.drain_grace_s,
+        request_router_config=RequestRouterConfig(**_ROUTER),
     )(cls)
 
 

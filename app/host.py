@@ -326,6 +326,13 @@ class EngineHost:
         self._require_ready()
         await self.check_health()
 
+    def routing_stats(self) -> dict[str, int | bool]:
+        """What Serve's router is told of this replica (serving_router.py): whether it can serve now,
+        and how many more requests its admission would hold before refusing."""
+        a = self.admission.stats()
+        room = self.admission.max_running + self.admission.max_queued - a.in_system
+        return {"serving": self._ready.is_set() and not self._dead and not self._start_error, "room": room}
+
     async def stats(self) -> ReplicaStats:
         ready = self._ready.is_set()
         return ReplicaStats(

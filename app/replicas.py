@@ -143,6 +143,10 @@ class EngineReplica:
     async def stats(self) -> ReplicaStats:
         return await self.host.stats()
 
+    def record_routing_stats(self) -> dict[str, int | bool]:
+        """Serve's routing-stats hook, read by `ServingReplicaRouter`."""
+        return self.host.routing_stats()
+
     def __del__(self) -> None:
         host = getattr(self, "host", None)
         if host is not None:
@@ -170,6 +174,10 @@ class ModelServer:
 
     async def check_health(self) -> None:
         await self.host.check_health()
+
+    def record_routing_stats(self) -> dict[str, int | bool]:
+        """Serve's routing-stats hook, read by `ServingReplicaRouter` (several replicas behind the proxy)."""
+        return self.host.routing_stats()
 
     async def drain(self, grace_s: float) -> int:
         """Refuse new requests with 503 and wait up to `grace_s` for those in flight; returns how many remain."""

@@ -1,0 +1,61 @@
+"""The engine deployments' request router: its choice among replicas by their routing stats, and what an
+`EngineHost` reports there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from app.fake_engine import FakeEngine
+from app.host import EngineHost
+from app.serving_router import pick_two
+from tests.support.fake_stack import make_config
+
+
+@dataclass
+class _Replica:
+    name: str
+    routing_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _names(chosen: list[Any]) -> set[str]:
+    return {r.name for r in chosen}
+
+
+def test_a_replica_that_cannot_serve_is_never_chosen_while_another_can():
+    dead, healthy = _Replica("dead", {"serving": False, "room": 12}), _Replica("ok", {"serving": True, "room": 0})
+    for _ in range(50):
+        assert _names(pick_two([dead, healthy])) == {"ok"}
+
+
+def test_replicas_with_room_come_first_and_two_are_offered_when_they_can_be():
+    full, roomy = [_Replica(f"full{i}", {"serving": True, "room": 0}) for i in range(3)], [
+        _Replica(f"room{i}", {"serving": True, "room": 3}) for i in range(2)]
+    for _ in range(50):
+        assert _names(pick_two([*full, *roomy])) == {"room0", "room1"}
+
+
+def test_without_stats_or_without_any_serving_replica_every_replica_is_a_candidate():
+    fresh = [_Replica("a"), _Replica("b")]  # no stats polled yet: a new replica has loaded its engine
+    assert _names(pick_two(fresh)) == {"a", "b"}
+    down = [_Replica("a", {"serving": False}), _Replica("b", {"serving": False})]
+    assert _names(pick_two(down)) == {"a", "b"}  # they answer 503 themselves rather than a request hanging
+
+
+@pytest.mark.parametrize("dead", [False, True])
+async def test_a_host_reports_whether_it_serves_and_its_room(dead):
+    config = make_config(deployment={"max_ongoing_requests": 2, "max_queued_requests": 3})
+    engine = FakeEngine()
+    host = EngineHost(config.models[0], engine, config.service)
+    ticket = host.admission.reserve()
+    assert host.routing_stats() == {"serving": True, "room": 4}
+    ticket.release()
+    if dead:
+        engine.kill()
+        with pytest.raises(RuntimeError):
+            await host.check_health()
+        assert host.routing_stats()["serving"] is False
+    else:
+        assert host.routing_stats() == {"serving": True, "room": 5}

@@ -46,6 +46,7 @@ class Record:
     output_tokens: int = 0
     attempts: list[Attempt] = field(default_factory=list)
     detail: str = ""
+    chunk_times: list[float] | None = None  # when given (capacity loop): when each content chunk arrived
 
     @property
     def latency(self) -> float:
@@ -119,6 +120,8 @@ async def _create(client: openai.AsyncOpenAI, model: str, prompts: PromptMaker, 
         for choice in chunk.choices:
             if choice.delta and choice.delta.content:
                 chunks += 1
+                if rec.chunk_times is not None:
+                    rec.chunk_times.append(time.monotonic())
                 if rec.ttft is None:
                     rec.ttft = time.monotonic() - rec.start
             finished = finished or choice.finish_reason is not None

@@ -18,7 +18,7 @@ from loadkit.goodput.capacity import Capacity, measure
 from loadkit.goodput.client import Record, make_client, send
 from loadkit.goodput.schedule import arrivals
 from loadkit.goodput.step import Window, open_loop
-from loadkit.goodput.workload import mix, stream
+from loadkit.goodput.workload import mean_output_tokens, mix, stream
 from loadkit.overload.mix import PromptMaker
 from loadkit.proctree import PeakSampler
 
@@ -89,10 +89,11 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
             asks = stream(plan.seed + 1000 * round_ + 500, first_index=round_ * 16 * INDEX_BLOCK)
             say(f"{out.system}: measuring capacity: {plan.capacity_concurrency} clients in a closed loop for "
                 f"{plan.capacity_duration_s:.0f} s")
+            mean = mean_output_tokens(mix(plan.seed, 10_000))
             capacity = await measure(client, log, MODEL_ID, prompts, asks, plan.capacity_concurrency,
-                                     plan.capacity_duration_s)
-            say(f"{out.system}: capacity {capacity.rate_rps:.2f} req/s ({capacity.completed} requests in "
-                f"{capacity.counted_s:.0f} s, {capacity.output_tok_s:.0f} output tok/s)")
+                                     plan.capacity_duration_s, mean)
+            say(f"{out.system}: capacity {capacity.rate_rps:.2f} req/s ({capacity.output_tok_s:.0f} output tok/s "
+                f"over {mean:.0f} tokens a request; {capacity.completed} finished in {capacity.counted_s:.0f} s)")
             await asyncio.sleep(plan.settle_s)
         out.capacity = capacity
         if capacity.rate_rps <= 0:

@@ -12,7 +12,7 @@ import pytest
 
 from loadkit.bench.meta import RunMeta
 from loadkit.bench.systems import Engine
-from loadkit.goodput.capacity import Capacity, steady_rate
+from loadkit.goodput.capacity import Capacity, steady_tokens
 from loadkit.goodput.client import Attempt, Record, make_client, send, status_outcome
 from loadkit.goodput.figures import Targets, figures, is_good, wasted_share
 from loadkit.goodput.launch import LaunchRun, WindowRun
@@ -113,12 +113,15 @@ def test_figures_of_nothing_served():
     assert wasted_share([]) == 0.0
 
 
-def test_capacity_counts_only_what_ended_after_the_ramp():
+def test_capacity_counts_the_tokens_streamed_after_the_ramp_in_finished_and_running_requests():
     t0 = 1000.0
-    records = [Record(ask=STREAM, start=t0, end=t0 + e, outcome=o, output_tokens=10) for e, o in
-               [(5, "ok"), (12, "ok"), (20, "ok"), (29, "ok"), (25, "refused"), (31, "ok")]]
-    completed, span, tok_s = steady_rate(records, t0, 30.0)
-    assert (completed, span) == (3, 20.0) and tok_s == pytest.approx(1.5)
+    done = Record(ask=STREAM, start=t0, end=t0 + 20, outcome="ok", output_tokens=40,
+                  chunk_times=[t0 + 1 + i for i in range(20)])  # 2 tokens a chunk (a system that batches them)
+    running = Record(ask=STREAM, start=t0 + 5, end=t0 + 30, outcome="timed_out", detail="cut off",
+                     chunk_times=[t0 + 25 + i for i in range(5)])
+    tokens, span, finished = steady_tokens([done, running], t0, 30.0)
+    assert span == 20.0 and finished == 1
+    assert tokens == pytest.approx(2 * 11 + 2 * 5)  # 11 chunks of the finished one from t0 + 10, 5 of the other
 
 
 # --- the client over a mock transport: the SDK's own retries, counted

@@ -1,5 +1,6 @@
-"""loadkit: the load-testing kit that `scripts/bench.py`, `scripts/overload.py` and `scripts/refusal_probe.py`
-are command lines over. It drives any OpenAI-compatible deployment by URL and imports nothing from `app/`.
+"""loadkit: the load-testing kit that `scripts/bench.py`, `scripts/overload.py`, `scripts/goodput.py` and
+`scripts/refusal_probe.py` are command lines over. It drives any OpenAI-compatible deployment by URL and
+imports nothing from `app/`.
 
 Shared parts, one noun each:
   service     a server (this project, or a peer) as a process group: start, stop, nothing left behind
@@ -9,5 +10,6 @@ Shared parts, one noun each:
   sse         a streaming chat completion over httpx, as server-sent events
   markdown    a generated section of a Markdown file, keeping what people wrote around it
   probe       the refusal probe: a light client in its own process
-The drivers: `loadkit.bench` (peers side by side) and `loadkit.overload` (queueing and refusals).
+The drivers: `loadkit.bench` (peers side by side), `loadkit.overload` (queueing and refusals) and
+`loadkit.goodput` (goodput under open-loop overload, peers side by side).
 """

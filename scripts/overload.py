@@ -14,6 +14,11 @@ Phases (httpx async clients):
                clients back off min(Retry-After, 1 s) and retry;
   d. after     wait until /stats shows nothing running or queued, then one normal request.
 
+Admission by time: the service refuses at arrival (429 over_time_target) a request whose predicted first
+token is later than deployment.ttft_target_s (--ttft-target; the config's 10 s by default; 0 or none: off).
+The report shows refusals by reason, admitted streams' first tokens against the target and the replica's
+measured pace; with a target on, no request may wait out the queue timeout.
+
 The request mix (prompt and output lengths, streaming or not, early hang-ups) comes from one
 seeded generator, restarted with the same seed in phases b and c, so both phases draw the same
 sequence of requests and their throughputs can be compared.
@@ -25,6 +30,7 @@ into docs/overload.md between generated-section markers (a --quick run only prin
 
     .venv/bin/python scripts/overload.py            # full run, ~45 s per phase
     .venv/bin/python scripts/overload.py --quick    # smoke run, short phases, prints only
+    .venv/bin/python scripts/overload.py --ttft-target 5     # a tighter first-token target (none: off)
     .venv/bin/python scripts/overload.py --base-url http://127.0.0.1:8000 --api-key KEY --max-ongoing 32
 """
 
@@ -41,6 +47,9 @@ sys.path.insert(0, str(REPO))  # the kit, also before `pip install -e .` knows i
 
 from loadkit.overload.capacity import Capacity  # noqa: E402
 from loadkit.overload.run import Options, run  # noqa: E402
+from loadkit.overload.timing import parse_target_s  # noqa: E402
+
+DEFAULT = object()  # --ttft-target not given: leave the config's ttft_target_s as it is
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,6 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-queued", type=int, default=8, help="max_queued_requests")
     parser.add_argument("--queue-timeout", type=float, default=10.0, help="queue_timeout_s")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="service.request_timeout_s")
+    parser.add_argument("--ttft-target", type=parse_target_s, default=DEFAULT, metavar="SECONDS",
+                        help="deployment.ttft_target_s, the first-token target of admission by time ('0' or 'none': "
+                             "off; default: the config's own, 10 s unless it says otherwise; tell it for "
+                             "--base-url)")
     parser.add_argument("--output", type=Path, default=None,
                         help="report file, results replaced between markers ('-': do not write; default "
                              "docs/overload.md, '-' with --quick)")
@@ -83,13 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         command = shlex.join([exe, *sys.argv])
     else:
         command = shlex.join(["scripts/overload.py", *argv])
+    cap = Capacity(args.max_ongoing, args.max_queued, args.queue_timeout, args.request_timeout)
+    if args.ttft_target is not DEFAULT:
+        cap.ttft_target_s, cap.ttft_target_given = args.ttft_target, True
     output = args.output or (Path("-") if args.quick else REPO / "docs" / "overload.md")
     return run(Options(
         repo=REPO, command=command, duration=args.duration or (12.0 if args.quick else 45.0),
         idle_s=3.0 if args.quick else 5.0, overload_factor=args.overload_factor, quick=args.quick,
         base_url=args.base_url, api_key=args.api_key, model=args.model, service_pid=args.service_pid,
         config=args.config, output=output, startup_timeout=args.startup_timeout,
-        capacity=Capacity(args.max_ongoing, args.max_queued, args.queue_timeout, args.request_timeout)))
+        capacity=cap))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Phases (httpx async clients):
 
 Modules: mix (the seeded request mix and prompts), client (one request and a client's loop), stats_poll (what
 /stats, /livez and the process tree show during a phase), phases (a phase's run and its figures), capacity (the
-service under test: own or by URL), access_log (where a refusal's time goes), result (what a run found), targets
-(PASS/FAIL), render (the Markdown section), run (the whole run, start to report).
+service under test: own or by URL), access_log (where a refusal's time goes), result (what a run found), timing
+(admission by time: refusals by reason, first tokens against the target, the pace), targets (PASS/FAIL), render
+(the Markdown section), run (the whole run, start to report).
 """

@@ -17,6 +17,7 @@ import psutil
 import yaml
 
 from loadkit.overload.phases import log
+from loadkit.overload.timing import DEFAULT_TTFT_TARGET_S
 from loadkit.precision import precision_label, resolved_dtype
 from loadkit.proctree import ProcessTree
 from loadkit.service import ProcessGroup, StopReport, child_env, free_port, wait_until
@@ -29,6 +30,9 @@ class Capacity:
     queue_timeout_s: float
     request_timeout_s: float
     refusal_status: int | None = None
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S  # deployment.ttft_target_s in effect; None: off
+    ttft_target_given: bool = False  # set by --ttft-target (else: the config's own, or the service's default)
+    ttft_target_source: str = "the service's default, assumed: not read from a running service"
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,13 @@ class OwnService:
         model = config["models"][0]
         model["deployment"].update({"max_ongoing_requests": cap.max_ongoing, "max_queued_requests": cap.max_queued,
                                     "queue_timeout_s": cap.queue_timeout_s})
+        if cap.ttft_target_given:
+            model["deployment"]["ttft_target_s"] = cap.ttft_target_s  # None: null, no time target
+            cap.ttft_target_source = "--ttft-target"
+        elif "ttft_target_s" in model["deployment"]:
+            cap.ttft_target_s, cap.ttft_target_source = model["deployment"]["ttft_target_s"], f"{self.base_name}"
+        else:
+            cap.ttft_target_s, cap.ttft_target_source = DEFAULT_TTFT_TARGET_S, "the config's default"
         cap.refusal_status = config["service"].get("refusal_status", 429)
         self.model = model["id"]
         self.config = config

@@ -1,8 +1,8 @@
 """One chat completion as the overload driver sends it, classified; and one client's closed loop.
 
-Outcomes: ok | hangup (by design) | refused (queue full) | queue_timeout | error_5xx | error_4xx | stream_error
-(an error event inside a 200 stream, or a stream without `[DONE]`) | transport | hung (no answer within the
-service's request timeout plus a grace).
+Outcomes: ok | hangup (by design) | refused (at arrival: queue full, or 429 over its time target; `code` says
+which) | queue_timeout | error_5xx | error_4xx | stream_error (an error event inside a 200 stream, or a stream
+without `[DONE]`) | transport | hung (no answer within the service's request timeout plus a grace).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def classify_error(rec: Record, status: int, body: bytes, headers: httpx.Headers
         rec.retry_after = float(headers.get("retry-after")) if headers.get("retry-after") else None
     except ValueError:
         rec.retry_after = None
-    if rec.code == "queue_full" and status in (429, 503):
+    if (rec.code == "queue_full" and status in (429, 503)) or (rec.code == "over_time_target" and status == 429):
         rec.outcome = "refused"
     elif rec.code == "queue_timeout" and status == 503:
         rec.outcome = "queue_timeout"

@@ -14,6 +14,7 @@ from loadkit.overload.mix import SEED
 from loadkit.overload.phases import Phase
 from loadkit.overload.result import OverloadResult
 from loadkit.overload.targets import Target, codes, mib
+from loadkit.overload.timing import REASONS, TTFT_TOLERANCE_S, target_text, time_rows
 from loadkit.stats import fmt_pcts
 
 DOC = MarkedSection(
@@ -76,7 +77,9 @@ _ROWS: list[tuple[str, Callable[[Phase], str]]] = [
     ("requests sent (incl. retries)", lambda p: str(len(p.records))),
     ("200 completed (all / in window)", lambda p: f"{len(p.of('ok'))} / {len(p.served_in_window())}"),
     ("client hang-ups (by design)", lambda p: str(len(p.of("hangup")))),
-    ("429/503 queue full (refused)", lambda p: str(len(p.of("refused")))),
+    ("429/503 queue full (refused)", lambda p: str(sum(r.code == "queue_full" for r in p.of("refused")))),
+    ("429 over time target (refused at arrival)",
+     lambda p: str(sum(r.code == "over_time_target" for r in p.of("refused")))),
     ("503 queue timeout", lambda p: str(len(p.of("queue_timeout")))),
     ("other 5xx", lambda p: codes(p.of("error_5xx"))),
     ("error events inside a 200 stream", lambda p: codes(p.of("stream_error"))),
@@ -137,7 +140,8 @@ def setup_lines(facts: RunFacts, cap: Capacity, result: OverloadResult) -> list[
            "this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16): torch emulates it"),
         f"- Capacity: max_ongoing_requests {cap.max_ongoing}, max_queued_requests {cap.max_queued}, queue_timeout_s "
         f"{cap.queue_timeout_s:g}, request_timeout_s {cap.request_timeout_s:g}, refusal status "
-        f"{cap.refusal_status or 'from the error code'}",
+        f"{cap.refusal_status or 'from the error code'}, ttft_target_s {target_text(cap.ttft_target_s)} "
+        f"({cap.ttft_target_source})",
         f"- Mix (seed {SEED}, same sequence in both loaded phases): 70% short (prompt 20-150 tokens, but never below "
         f"the chat template's own {prompts.base:.0f}; 16-64 output tokens), 30% long (prompt 300-600, 128-256 "
         f"output), exact output lengths (`ignore_eos`), temperature 0; half streaming; ~15% hang up early (streams "
@@ -151,6 +155,22 @@ def setup_lines(facts: RunFacts, cap: Capacity, result: OverloadResult) -> list[
         f"budget {idle.before.token_budget}; load average at the start {la[0]:.2f} / {la[1]:.2f} / {la[2]:.2f} "
         "(1/5/15 min)",
     ]
+
+
+def time_lines(cap: Capacity, phases: list[Phase]) -> list[str]:
+    """The admission-by-time table: refusals by reason, first tokens against the target, the measured pace."""
+    target = cap.ttft_target_s
+    intro = ("no time target (`ttft_target_s` null): the replica refuses by count alone" if target is None else
+             f"`ttft_target_s` {target:g} s: a request predicted to get its first token later is refused at "
+             f"arrival (429 `over_time_target`); the target line allows {TTFT_TOLERANCE_S:g} s on top of it for "
+             "the client's clock")
+    out = [f"Admission by time ({intro}). Refusals by reason ({', '.join(REASONS)}) with the latency this "
+           "script's clients saw; first tokens of admitted streams (served, or hung up by design after their first "
+           "chunks) as this script timed them; the pace and prediction are the last values `/stats` showed in the "
+           "phase (polled every 0.25 s).", "",
+           "| | " + " | ".join(p.name for p in phases) + " |", "|---|" + "---|" * len(phases)]
+    out += [f"| {label} | " + " | ".join(cell(p) for p in phases) + " |" for label, cell in time_rows(target)]
+    return [*out, ""]
 
 
 def breakdown_lines(result: OverloadResult) -> list[str]:
@@ -177,6 +197,7 @@ def render(facts: RunFacts, cap: Capacity, result: OverloadResult, targets: list
     out.append("|---|" + "---|" * len(phases))
     out += [f"| {row.label} | " + " | ".join(row.cells) + " |" for row in phase_rows(phases)]
     out.append("")
+    out += time_lines(cap, phases)
     out.append(f"After overload: idle (engine.running 0, admission.in_system 0) "
                f"{'reached' if idle.reached else 'NOT reached'} {idle.took_s:.1f} s after the last client returned "
                f"(engine.running {idle.stats.engine_running}, admission.in_system {idle.stats.in_system}); then one "

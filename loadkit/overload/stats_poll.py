@@ -26,13 +26,19 @@ class Stats:
     peak_waiting: int = 0
     refused_queue_full: int = 0
     refused_queue_timeout: int = 0
+    refused_over_time_target: int = 0
+    predicted_first_token_s: float | None = None  # the latest arrival's prediction (None: not yet measured)
+    pace_samples: int | None = None  # pace.*: the replica's measured rates (None: an older service)
+    pace_prefill_tokens_per_s: float | None = None
+    pace_decode_s_per_token: float | None = None
+    pace_output_share: float | None = None
     token_budget: int | str = "?"
     kv_cache_tokens: int | str = "?"
     healthy: bool = True
 
     @classmethod
     def from_json(cls, d: dict) -> Stats:
-        engine, admission = d.get("engine") or {}, d.get("admission") or {}
+        engine, admission, pace = d.get("engine") or {}, d.get("admission") or {}, d.get("pace") or {}
         return cls(engine_running=engine.get("running", 0),
                    generation_tokens_total=engine.get("generation_tokens_total"),
                    kv_cache_usage=engine.get("kv_cache_usage", 0.0),
@@ -41,6 +47,11 @@ class Stats:
                    in_system=admission.get("in_system", 0), peak_waiting=admission.get("peak_waiting", 0),
                    refused_queue_full=admission.get("refused_queue_full", 0),
                    refused_queue_timeout=admission.get("refused_queue_timeout", 0),
+                   refused_over_time_target=admission.get("refused_over_time_target", 0),
+                   predicted_first_token_s=admission.get("predicted_first_token_s"),
+                   pace_samples=pace.get("samples"), pace_prefill_tokens_per_s=pace.get("prefill_tokens_per_s"),
+                   pace_decode_s_per_token=pace.get("decode_s_per_token"),
+                   pace_output_share=pace.get("output_share"),
                    token_budget=admission.get("token_budget", "?"), kv_cache_tokens=d.get("kv_cache_tokens", "?"),
                    healthy=d.get("healthy", True))
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from loadkit.overload.capacity import Capacity
 from loadkit.overload.client import HUNG_GRACE_S, Record
+from loadkit.overload.phases import Phase
 from loadkit.overload.result import OverloadResult
+from loadkit.overload.timing import TTFT_TOLERANCE_S, first_tokens, share_within
 from loadkit.stats import percentile
 
 
@@ -73,6 +75,40 @@ def throughput_targets(result: OverloadResult) -> list[Target]:
     return out
 
 
+def ttft_target(target_s: float | None, phases: list[Phase]) -> Target | None:
+    """Each loaded phase's admitted streams get their first token within the target + tolerance at p99; None
+    (no target line) when the service has no time target."""
+    if target_s is None:
+        return None
+    limit = target_s + TTFT_TOLERANCE_S
+    name = f"admitted streams' first token p99 <= ttft_target_s + {TTFT_TOLERANCE_S:g} s (client clock)"
+    parts, ok = [], True
+    for p in phases:
+        values = first_tokens(p.records)
+        p99 = percentile(values, 99)
+        ok = ok and p99 is not None and p99 <= limit
+        parts.append(f"{p.name} " + ("no first token seen" if p99 is None else
+                                     f"p99 {p99:.2f} s, {share_within(values, target_s) * 100:.1f}% within "
+                                     f"{target_s:g} s (n={len(values)})"))
+    return Target(name, ok, f"limit {limit:g} s; " + "; ".join(parts))
+
+
+def queue_timeout_target(target_s: float | None, phases: list[Phase]) -> Target | None:
+    """With a time target on, the predictor refuses at arrival; a 503 queue_timeout means it let one wait."""
+    if target_s is None:
+        return None
+    counts = [(p.name, len(p.of("queue_timeout"))) for p in phases]
+    served = [(p.after.refused_queue_timeout - p.before.refused_queue_timeout) for p in phases]
+    return Target("no 503 queue_timeout while a time target is on (refused at arrival instead)",
+                  all(n == 0 for _, n in counts),
+                  ", ".join(f"{name} {n}" for name, n in counts)
+                  + f"; server-counted {' / '.join(str(s) for s in served)}")
+
+
+def time_targets(target_s: float | None, phases: list[Phase]) -> list[Target]:
+    return [t for t in (ttft_target(target_s, phases), queue_timeout_target(target_s, phases)) if t is not None]
+
+
 def evaluate(cap: Capacity, result: OverloadResult) -> list[Target]:
     capacity, overload = result.capacity, result.overload
     t: list[Target] = []
@@ -90,6 +126,7 @@ def evaluate(cap: Capacity, result: OverloadResult) -> list[Target]:
     t.append(Target("service alive (no OOM: service process and EngineCore alive, /health 200)", result.alive.ok,
                     result.alive.detail))
     t.append(refusal_target(result))
+    t.extend(time_targets(cap.ttft_target_s, result.loaded))
     t.append(rss_target(result))
     t.extend(throughput_targets(result))
     idle = result.idle_after

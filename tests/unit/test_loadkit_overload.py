@@ -25,7 +25,8 @@ STATS = {"healthy": True, "kv_cache_tokens": 93000,
 
 
 def _ok(end: float, tokens: int = 32) -> Record:
-    return Record(spec=SPEC, start=end - 1, end=end, outcome="ok", status=200, output_tokens=tokens, prompt_tokens=50)
+    return Record(spec=SPEC, start=end - 1, end=end, outcome="ok", status=200, output_tokens=tokens, prompt_tokens=50,
+                  ttft=0.5)
 
 
 def _refused(latency: float = 0.01) -> Record:
@@ -73,7 +74,7 @@ def test_a_healthy_run_passes_every_target_and_renders_its_setup():
     result = _result()
     targets = evaluate(Capacity(8, 8, 10, 60, refusal_status=429), result)
     assert [t.name for t in targets if not t.ok] == []
-    assert len(targets) == 11
+    assert len(targets) == 13  # 11, and the two of admission by time (ttft_target_s 10 s by default)
     avx2 = Machine(cpu=CpuFacts("AMD EPYC", ("avx2",), 2, 2), usable_cpus=2, memory_gib=23.5, kernel="6.1",
                    system="Linux", arch="x86_64", python="3.11.7")
     facts = RunFacts(command="scripts/overload.py --quick", machine=avx2, vllm="0.32.0", commit=Commit("abc123"),
@@ -90,7 +91,7 @@ def test_lost_throughput_and_a_leftover_fail():
     result = _result()
     result.overload.records = [r for r in result.overload.records if r.outcome != "ok"]
     result.leftover = ["123 VLLM::EngineCore"]
-    failed = {t.name for t in evaluate(Capacity(8, 8, 10, 60), result) if not t.ok}
+    failed = {t.name for t in evaluate(Capacity(8, 8, 10, 60, ttft_target_s=None), result) if not t.ok}
     assert failed == {"overload served output tokens/s >= 90% of at-capacity",
                       "overload served requests/s >= 90% of at-capacity",
                       "no process left behind after stopping the service"}

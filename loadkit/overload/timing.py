@@ -128,8 +128,16 @@ def _opt(value, fmt: str) -> str:
 
 def pace_cell(p: Phase) -> str:
     seen = last_pace(p.watch.samples)
+    if seen.samples is None and seen.prefill_tokens_per_s is None and seen.decode_s_per_token is None:
+        return "- (not in /stats)"
     return (f"{_opt(seen.prefill_tokens_per_s, ',.0f')} tok/s / {_opt(seen.decode_s_per_token, '.4f')} s / "
             f"{_opt(seen.output_share, '.2f')} / {_opt(seen.samples, 'd')}")
+
+
+def predicted_cell(p: Phase) -> str:
+    value = last_pace(p.watch.samples).predicted_first_token_s
+    seen = [s.predicted_first_token_s for s in p.watch.samples if s.predicted_first_token_s is not None]
+    return "- (none yet)" if value is None else f"{value:.2f} s (polled max {max(seen):.2f} s)"
 
 
 def time_rows(target_s: float | None) -> list[tuple[str, object]]:
@@ -144,7 +152,7 @@ def time_rows(target_s: float | None) -> list[tuple[str, object]]:
         (f"admitted streams: first token within ttft_target_s ({target_text(target_s)})",
          lambda p: share_cell(first_tokens(p.records), target_s)),
         ("pace at the phase's end: prefill / decode per token / output share / samples", pace_cell),
-        ("latest predicted first token (admission.predicted_first_token_s)",
-         lambda p: _opt(last_pace(p.watch.samples).predicted_first_token_s, ".2f") + " s"),
+        ("latest arrival's predicted first token (admission.predicted_first_token_s)",
+         predicted_cell),
     ]
     return rows

@@ -128,7 +128,10 @@ def test_the_report_table_has_refusals_by_reason_first_tokens_and_the_pace():
     assert "| admitted streams: first token within ttft_target_s (10 s) | 50.0% of 2 |" in text
     assert "| pace at the phase's end: prefill / decode per token / output share / samples | 1,234 tok/s / " \
            "0.0451 s / 0.87 / 12 |" in text
-    assert "| latest predicted first token (admission.predicted_first_token_s) | 8.25 s |" in text
+    assert "| latest arrival's predicted first token (admission.predicted_first_token_s) | 8.25 s (polled max " \
+           "8.25 s) |" in text
+    assert "| pace at the phase's end: prefill / decode per token / output share / samples | - (not in /stats) |" \
+           in "\n".join(time_lines(Capacity(8, 8, 10, 60), [_phase([])]))
     off = "\n".join(time_lines(Capacity(8, 8, 10, 60, ttft_target_s=None), [phase]))
     assert "no time target" in off and "| admitted streams: first token within ttft_target_s (off) | - (no " in off
 

@@ -34,6 +34,11 @@ def engine_deployment_name(model_id: str) -> str:
     return "engine-" + re.sub(r"[^A-Za-z0-9_-]", "-", model_id)
 
 
+def _per_node(limit: int | None) -> dict[str, Any]:
+    """Serve's `max_replicas_per_node`, only when set (Serve takes no None for "no limit")."""
+    return {} if limit is None else {"max_replicas_per_node": limit}
+
+
 def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = EngineReplica) -> Deployment:
     dep = model.deployment
     serve_cap = dep.max_ongoing_requests + dep.max_queued_requests + _SERVE_SLACK
@@ -45,6 +50,7 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
         name=engine_deployment_name(model.id),
         num_replicas=dep.num_replicas,
         ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},
+        **_per_node(dep.max_replicas_per_node),
         max_ongoing_requests=serve_cap,
         max_queued_requests=serve_cap,
         health_check_period_s=dep.health_check_period_s,

@@ -69,6 +69,12 @@ class DeploymentConfig(_Strict):
 
     num_replicas: int = Field(1, ge=1, description="Engine replicas (each owns its own accelerator).")
     num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves per replica.")
+    max_replicas_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="Most replicas of this model Ray Serve places on one node (1: losing a node loses one "
+        "replica; replicas beyond the nodes then stay pending). Default: no limit (Serve spreads them anyway).",
+    )
     num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves per replica; 0 runs on the CPU.")
     max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica runs in the engine at once.")
     max_queued_requests: int = Field(

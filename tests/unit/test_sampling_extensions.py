@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput
 
@@ -322,3 +323,10 @@ def test_logprobs_keep_the_stop_token_when_it_is_in_the_text():
     by_stop_token = _done([5, 6, 42], "stop", 42)
     assert [lp.token for lp in _logprobs(by_stop_token, 0)] == ["<5>", "<6>"]  # as the text leaves it out
     assert [lp.token for lp in _logprobs(by_stop_token, 0, stop_in_text=True)] == ["<5>", "<6>", "<42>"]
+
+
+def test_null_sampling_values_are_the_defaults_as_in_vllm():
+    p = chat(temperature=None, top_p=None, presence_penalty=None, frequency_penalty=None, n=None).to_params(LIMITS)
+    assert (p.temperature, p.top_p, p.presence_penalty, p.frequency_penalty, p.n) == (1.0, 1.0, 0.0, 0.0, 1)
+    with pytest.raises(ValidationError):  # vLLM's completions take no null n either
+        completion(n=None)

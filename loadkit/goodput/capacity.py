@@ -36,6 +36,7 @@ class Capacity:
     concurrency: int = 0
     duration_s: float = 0.0
     not_ok: int = 0  # requests of the loop that ended otherwise than ok
+    note: str = ""  # where a rate came from when not from this system's own loop
 
     def to_dict(self) -> dict:
         return dict(vars(self))

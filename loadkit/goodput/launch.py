@@ -66,7 +66,8 @@ class LaunchRun:
     status: str = "not started"
     startup_s: float | None = None
     idle_rss_bytes: int | None = None
-    capacity: Capacity | None = None
+    capacity: Capacity | None = None  # the rate its windows were offered multiples of
+    own_capacity: Capacity | None = None  # its own loop's, where that gave nothing and another's rate was used
     windows: list[WindowRun] = field(default_factory=list)
     stop_report: str = ""
 
@@ -80,7 +81,7 @@ def window_for(plan: Plan, round_: int, step: int, rate_rps: float) -> Window:
 
 
 async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, capacity: Capacity | None,
-                 sampler: PeakSampler, out: LaunchRun) -> None:
+                 sampler: PeakSampler, out: LaunchRun, fallback: Capacity | None) -> None:
     client, log = make_client(base_url, plan.client_timeout_s)
     try:
         for ask in mix(plan.seed + 999, WARMUPS, first_index=round_ * 16 * INDEX_BLOCK + INDEX_BLOCK // 2):
@@ -95,6 +96,9 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
             say(f"{out.system}: capacity {capacity.rate_rps:.2f} req/s ({capacity.output_tok_s:.0f} output tok/s "
                 f"over {mean:.0f} tokens a request; {capacity.completed} finished in {capacity.counted_s:.0f} s)")
             await asyncio.sleep(plan.settle_s)
+            if capacity.rate_rps <= 0 and fallback is not None:  # its windows still run, at another's rate
+                say(f"{out.system}: its own loop got nothing back; windows at {fallback.note}")
+                out.own_capacity, capacity = capacity, fallback
         out.capacity = capacity
         if capacity.rate_rps <= 0:
             raise RuntimeError(f"no request completed while measuring capacity ({capacity.not_ok} ended otherwise)")
@@ -113,7 +117,8 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
         await client.close()
 
 
-def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Capacity | None) -> LaunchRun:
+def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Capacity | None,
+               fallback: Capacity | None = None) -> LaunchRun:
     log_path = plan.at.work / f"{v.system}.r{round_}.server.log"
     server = Server.start(v, plan.at, log_path)
     out = LaunchRun(system=v.system, round=round_, command=server.command, log_path=str(log_path))
@@ -128,7 +133,8 @@ def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capaci
         out.idle_rss_bytes = server.sampler.sample()
         say(f"{v.system}: ready in {out.startup_s:.0f} s, {out.idle_rss_bytes / 2**30:.2f} GiB RSS")
         try:
-            asyncio.run(_drive(plan, f"http://127.0.0.1:{server.port}", prompts, round_, capacity, server.sampler, out))
+            asyncio.run(_drive(plan, f"http://127.0.0.1:{server.port}", prompts, round_, capacity, server.sampler, out,
+                               fallback))
         except RuntimeError as err:
             out.status = f"failed: {err}"
             return out

@@ -155,11 +155,11 @@ def render(rows: list[Row], launches: list[LaunchRun], s: Setup, meta: RunMeta, 
               "## Capacity", "", "| System | Round | Capacity req/s | Output tok/s | Completed / counted s | "
               "Ended otherwise | How |", "|---|---:|---:|---:|---:|---:|---|"]
     for la in launches:
-        c = la.capacity
-        if c is not None:
-            lines.append(f"| {LABELS.get(la.system, la.system)} | {la.round} | {c.rate_rps:.2f} | "
-                         f"{c.output_tok_s:.0f} | {c.completed} / {c.counted_s:.0f} | {c.not_ok} | "
-                         f"{'measured' if c.measured else 'given'} |")
+        for c in (la.own_capacity, la.capacity):
+            if c is not None:
+                how = "measured" if c.measured and not c.note else f"used: {c.note}" if c.note else "given"
+                lines.append(f"| {LABELS.get(la.system, la.system)} | {la.round} | {c.rate_rps:.2f} | "
+                             f"{c.output_tok_s:.0f} | {c.completed} / {c.counted_s:.0f} | {c.not_ok} | {how} |")
     lines += ["", *_setup(s, engine, systems), "## Launches", "",
               "| System | Round | Outcome | Ready in (s) | Idle RSS (GiB) | Stop |", "|---|---:|---|---:|---:|---|"]
     for la in launches:

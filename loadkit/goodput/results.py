@@ -46,4 +46,5 @@ def launch_to_dict(launch: LaunchRun) -> dict:
 def launch_from_dict(d: dict) -> LaunchRun:
     windows = [WindowRun(**{**w, "records": [record_from_dict(r) for r in w["records"]]}) for w in d["windows"]]
     capacity = Capacity(**d["capacity"]) if d.get("capacity") else None
-    return LaunchRun(**{**d, "windows": windows, "capacity": capacity})
+    own = Capacity(**d["own_capacity"]) if d.get("own_capacity") else None
+    return LaunchRun(**{**d, "windows": windows, "capacity": capacity, "own_capacity": own})

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -19,7 +19,7 @@ import yaml
 from loadkit.bench.meta import RunMeta
 from loadkit.bench.report import short
 from loadkit.bench.run import prepare_model
-from loadkit.bench.systems import Engine, Launchable, Variant
+from loadkit.bench.systems import LABELS, Engine, Launchable, Variant
 from loadkit.goodput.capacity import Capacity
 from loadkit.goodput.figures import Targets
 from loadkit.goodput.launch import LaunchRun, Plan, run_launch, say
@@ -111,7 +111,11 @@ def run(o: Options) -> int:
             for system in o.systems:
                 if any(la.system == system and la.status != "ok" for la in launches):
                     continue
-                launch = run_launch(Variant(system, engine.dtype), plan, round_, prompts, capacities.get(system))
+                measured = next(((k, c) for k, c in capacities.items() if c.rate_rps > 0), None)
+                fallback = replace(measured[1], note=f"{LABELS.get(measured[0], measured[0])}'s rate") if measured \
+                    else None
+                launch = run_launch(Variant(system, engine.dtype), plan, round_, prompts, capacities.get(system),
+                                    fallback)
                 launches.append(launch)
                 if launch.capacity is not None:
                     capacities.setdefault(system, launch.capacity)

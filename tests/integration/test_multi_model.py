@@ -17,6 +17,7 @@ from tests.integration.conftest import (
     running_stack,
     with_second_model,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -86,4 +87,6 @@ def test_http_goes_through_the_serve_proxy_when_asked(multi, service):
     assert _serve_proxies(multi), "--serve-proxy: Serve's HTTP proxy answers"
     assert "HTTP answered by the Serve proxy" in multi.log_path.read_text(errors="replace")
     assert not _serve_proxies(service), "one replica answering all HTTP listens itself; no proxy process"
-    assert "HTTP answered by the replica itself" in service.log_path.read_text(errors="replace")
+    # The replica answers /health (so the fixture is ready) a moment before the CLI prints its ready line.
+    wait_until(lambda: "HTTP answered by the replica itself" in service.log_path.read_text(errors="replace"),
+               timeout_s=60, what="the CLI's ready line saying the replica answers HTTP itself")

@@ -9,12 +9,11 @@ import threading
 import time
 
 import httpx
-import psutil
 import pytest
 
-from app.builder import engine_deployment_name
 from tests.integration.conftest import MODEL
 from tests.support import sse
+from tests.support.engine_procs import engine_cores
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,24 +23,9 @@ RECOVERY_TIMEOUT_S = 300
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _engine_cores(service, model: str = MODEL) -> list[psutil.Process]:
-    """Live EngineCore processes under the replica(s) of `model`'s engine deployment."""
-    found = []
-    for replica in psutil.Process(service.proc.pid).children(recursive=True):
-        try:
-            if f"ServeReplica:llm:{engine_deployment_name(model)}" not in replica.name() + " ".join(replica.cmdline()):
-                continue
-            for p in replica.children(recursive=True):
-                if p.status() != psutil.STATUS_ZOMBIE and "EngineCore" in " ".join(p.cmdline()) + p.name():
-                    found.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 def test_engine_killed_mid_stream_ends_requests_and_recovers(own_service, own_http):
     service, http = own_service, own_http
-    cores = _engine_cores(service)
+    cores = engine_cores(service)
     assert len(cores) == 1, cores
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}],
             "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
@@ -106,4 +90,4 @@ def test_engine_killed_mid_stream_ends_requests_and_recovers(own_service, own_ht
     assert recovered_s is not None, f"no successful answer within {RECOVERY_TIMEOUT_S} s of the kill"
     print(f"service answered again {recovered_s:.1f} s after the engine was killed")
     assert httpx.get(f"{service.base_url}/health", timeout=10).status_code == 200
-    assert len(_engine_cores(service)) == 1  # the dead engine was replaced, not duplicated
+    assert len(engine_cores(service)) == 1  # the dead engine was replaced, not duplicated

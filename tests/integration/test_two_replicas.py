@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import MODEL, base_config, free_port, running_stack
-from tests.integration.test_faults import _engine_cores
+from tests.support.engine_procs import engine_cores
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def test_a_killed_engine_costs_no_request_once_its_replica_has_left_the_routing_
                         status = type(err).__name__
                     outcomes.append((sent, status))
 
-        cores = _engine_cores(svc)
+        cores = engine_cores(svc)
         assert len(cores) == 2, cores
         clients = [threading.Thread(target=client) for _ in range(3)]
         for t in clients:

@@ -46,7 +46,8 @@ def _seconds(headers: Mapping[str, str], name: str, strict: bool) -> float | Non
     return None
 
 
-def _min(*values: float | None) -> float | None:
+def tightest(*values: float | None) -> float | None:
+    """The smallest of the targets given; None if none is."""
     given = [v for v in values if v is not None]
     return min(given) if given else None
 
@@ -55,6 +56,6 @@ def client_targets(headers: Mapping[str, str], stream: bool) -> ClientTargets:
     """`headers`: lower-case names (Starlette's `request.headers` matches any case)."""
     sdk = _seconds(headers, SDK_TIMEOUT_HEADER, strict=False)
     return ClientTargets(
-        first_token_s=_min(_seconds(headers, TTFT_HEADER, strict=True), sdk if stream else None),
-        finish_s=_min(_seconds(headers, REQUEST_HEADER, strict=True), None if stream else sdk),
+        first_token_s=tightest(_seconds(headers, TTFT_HEADER, strict=True), sdk if stream else None),
+        finish_s=tightest(_seconds(headers, REQUEST_HEADER, strict=True), None if stream else sdk),
     )

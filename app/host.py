@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from app.admission import Admission, AdmissionStats, Targets, Ticket
+from app.client_targets import tightest
 from app.config import ModelConfig, ServiceConfig
 from app.engine import (
     Admitted,
@@ -82,11 +83,6 @@ class ReplicaStats:
     engine: EngineStats
     kv_cache_tokens: int
     pace: PaceStats = PaceStats()
-
-
-def _tightest(*targets: float | None) -> float | None:
-    given = [t for t in targets if t is not None]
-    return min(given) if given else None
 
 
 def _ms_since(start: float) -> float:
@@ -227,8 +223,8 @@ class EngineHost:
     def _targets(self, request: GenerateRequest, arrived: float) -> Targets:
         """The model's targets, tightened by the request's own, less the time already spent (tokenizing)."""
         dep, spent = self.model.deployment, time.monotonic() - arrived
-        first = _tightest(dep.ttft_target_s, request.ttft_target_s)
-        finish = _tightest(dep.request_target_s, request.finish_target_s)
+        first = tightest(dep.ttft_target_s, request.ttft_target_s)
+        finish = tightest(dep.request_target_s, request.finish_target_s)
         return Targets(
             first_token_s=None if first is None else first - spent,
             finish_s=None if finish is None else finish - spent,

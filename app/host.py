@@ -206,7 +206,7 @@ class EngineHost:
             outcome = err.code or err.type
             raise
         finally:
-            ticket.release()
+            ticket.release(completed=outcome == "finished")
             log.info(
                 "engine request",
                 extra={

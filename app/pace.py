@@ -32,6 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 WINDOW = 256  # samples per fit: recent enough to follow a change of speed, enough to be stable
+# Lateness: how much later than the model said admitted requests really got their first token, as the 90th
+# percentile of actual / predicted over the last LATENESS_WINDOW admissions that waited for one (at least
+# LATENESS_MIN_SAMPLES), clamped to [1, LATENESS_MAX]; every prediction is multiplied by it. The model alone
+# was 25 % early in overload (the run of 14:14: first tokens p99 12.4 s against a 10 s target), where
+# decode slows as the batch fills faster than its window follows.
+LATENESS_WINDOW = 64
+LATENESS_MIN_SAMPLES = 8
+LATENESS_MAX = 4.0
 MIN_SAMPLES = 4  # first-token samples before any prediction
 # A fit is recomputed when asked for after _REFIT_S or _REFIT_SAMPLES new samples, whichever comes first: a
 # least-squares over 256 rows costs ~30 us, and decode samples come once per token of every stream.
@@ -100,9 +108,12 @@ class Work:
 
 @dataclass(frozen=True)
 class Prediction:
-    start_s: float  # from now until it would be admitted to the engine
-    first_token_s: float  # from now until its first token
-    finish_s: float  # from now until its last token (at the expected output length)
+    """Seconds from now, each times the measured lateness (below); `model_first_token_s` without it."""
+
+    start_s: float  # until it would be admitted to the engine
+    first_token_s: float  # until its first token
+    finish_s: float  # until its last token (at the expected output length)
+    model_first_token_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ class PaceStats:
     first_token_base_s: float | None = None  # a + c * (current batch): the first token of a tiny prompt, now
     decode_s_per_token: float | None = None  # d + e * (current batch): one stream's time per token, now
     output_share: float = 1.0  # share of max_tokens generated, on average
+    lateness: float = 1.0  # predictions are multiplied by this (actual / predicted first token, p90)
 
 
 class EnginePace:
@@ -122,6 +134,7 @@ class EnginePace:
         self._decode = _Line(features=1)  # (batch,) -> seconds per token
         self._output_share = 1.0  # moving average of generated / max_tokens; 1.0 (the worst case) at first
         self._finished = 0
+        self._late: deque[float] = deque(maxlen=LATENESS_WINDOW)  # actual / predicted first token
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -134,6 +147,17 @@ class EnginePace:
         """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran."""
         if tokens > 0 and seconds > 0:
             self._decode.add((batch,), seconds / tokens)
+
+    def observed(self, predicted_s: float, actual_s: float) -> None:
+        """An admitted request predicted (by the model, `Prediction.model_first_token_s`) to see its first
+        token after `predicted_s` saw it after `actual_s`."""
+        if predicted_s > 0:
+            self._late.append(actual_s / max(predicted_s, 0.05))
+
+    def lateness(self) -> float:
+        if len(self._late) < LATENESS_MIN_SAMPLES:
+            return 1.0
+        return float(min(LATENESS_MAX, max(1.0, np.quantile(np.asarray(self._late), 0.9))))
 
     def finished(self, generated: int, max_tokens: int) -> None:
         if max_tokens > 0:
@@ -184,7 +208,9 @@ class EnginePace:
             backlog.append((first, work.prompt_tokens))
             finish = first + self._output_share * work.max_tokens * per_token
             heapq.heappush(slots, finish)
-        return Prediction(start_s=start, first_token_s=first, finish_s=finish)
+        late = self.lateness()
+        return Prediction(start_s=start * late, first_token_s=first * late, finish_s=finish * late,
+                          model_first_token_s=first)
 
     def stats(self, batch: int) -> PaceStats:
         coef = self._ttft.coef()
@@ -195,4 +221,5 @@ class EnginePace:
             first_token_base_s=round(self._first_token_s(1, batch), 4) if coef is not None else None,
             decode_s_per_token=round(self._per_token_s(batch), 5) if len(self._decode) else None,
             output_share=round(self._output_share, 3),
+            lateness=round(self.lateness(), 3),
         )

@@ -93,7 +93,8 @@ async def test_without_a_measured_pace_nothing_is_refused_by_time():
 
 @pytest.fixture
 async def stack():
-    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 8, "ttft_target_s": 30},
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 8, "ttft_target_s": 30,
+                                     "queue_timeout_s": 60},
                          limits={"max_tokens": 200})
     s = Stack(config, FakeEngine(token_delay_s=TOKEN_S))
     try:
@@ -159,3 +160,27 @@ async def test_stats_and_metrics_show_the_measured_pace_and_the_refusals(stack):
     assert replica["admission"]["predicted_first_token_s"] > 1  # the occupant's ~4 s of tokens were ahead
     assert replica["pace"]["decode_s_per_token"] == pytest.approx(TOKEN_S, rel=0.5)
     assert replica["pace"]["samples"] >= 6
+
+
+async def test_a_request_that_would_wait_out_the_queue_timeout_is_refused_at_arrival():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=3, pace=_paced())
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    running.produced(1)  # ~9.9 s of tokens left: longer than the 3 s queue timeout
+    late = admission.reserve()
+    with pytest.raises(OverTimeTarget) as refused:
+        await late.admit(20, 30, Targets(), prompt_tokens=10, max_steps=10)  # no latency target at all
+    late.release()
+    assert "queue timeout" in refused.value.message and refused.value.retry_after_s >= 6
+
+
+async def test_a_request_cut_short_does_not_teach_the_pace_a_short_output():
+    pace = _paced()
+    admission = Admission(max_running=2, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
+    for completed in (False, False, False, True):
+        ticket = admission.reserve()
+        await ticket.admit(110, 30, prompt_tokens=10, max_steps=100)
+        ticket.produced(1)
+        ticket.produced(9 if not completed else 99)  # the hung-up ones stopped at 10 of 100
+        ticket.release(completed=completed)
+    assert pace.stats(1).output_share == 1.0

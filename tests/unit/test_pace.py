@@ -88,3 +88,24 @@ def test_a_feature_without_spread_gets_no_negative_rate():
         pace.decoded(1, 1, 0.02)
     prediction = pace.predict(Work(300, 1), [], [], 4)
     assert prediction is not None and prediction.first_token_s > 0
+
+
+def test_predictions_grow_by_how_late_admitted_requests_really_were():
+    pace = _trained()
+    before = pace.predict(Work(500, 10), [], [], 4)
+    assert before is not None
+    for _ in range(20):  # first tokens came twice as late as the model said (and sometimes three times)
+        pace.observed(predicted_s=1.0, actual_s=2.0)
+    pace.observed(predicted_s=1.0, actual_s=3.0)
+    after = pace.predict(Work(500, 10), [], [], 4)
+    assert after is not None
+    assert 2.0 <= pace.lateness() <= 3.0
+    assert after.first_token_s == pytest.approx(before.first_token_s * pace.lateness())
+    assert after.model_first_token_s == pytest.approx(before.first_token_s)
+
+
+def test_early_first_tokens_never_shrink_the_predictions():
+    pace = _trained()
+    for _ in range(20):
+        pace.observed(predicted_s=2.0, actual_s=0.5)
+    assert pace.lateness() == 1.0

@@ -29,9 +29,6 @@ MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS, which it counts after toke
 MAX_BAD_WORD_CHARS = 256
 MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model's own size
 MAX_TOP_K = 2**31 - 1  # vLLM keeps top_k in int32 tensors; any k at or above the vocabulary means "every token"
-# The Responder can put usage on every chunk (vLLM's continuous_usage_stats); until the route hands it
-# `continuous_usage`, the option is refused rather than silently dropped.
-CONTINUOUS_USAGE_WIRED = False
 LOGIT_BIAS_BOUND = 100.0  # biases are clamped to [-100, 100], as vLLM does
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 # Known OpenAI parameters this service does not implement: a 400 that says so.
@@ -107,12 +104,6 @@ class _Request(BaseModel):
             raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-        if self.continuous_usage and not CONTINUOUS_USAGE_WIRED:
-            raise UnsupportedParameter(
-                "'stream_options.continuous_usage_stats' is not supported by this service yet; remove it "
-                "(usage still comes in the last chunk with include_usage)",
-                param="stream_options",
-            )
         return self
 
     def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:

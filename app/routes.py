@@ -140,7 +140,8 @@ async def _generate(
         raise
     if isinstance(shape, CompletionShape) and admitted.prompt_text is not None:
         shape.echo_text = admitted.prompt_text
-    responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage)
+    responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage,
+                          continuous_usage=body.continuous_usage)
     responder.admitted(admitted)
     if body.stream:
         return StreamingResponse(

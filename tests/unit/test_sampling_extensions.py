@@ -16,7 +16,7 @@ from vllm.outputs import CompletionOutput
 from app import vllm_engine
 from app.config import LimitsConfig
 from app.engine import Admitted, ChoiceDelta, EngineRejected, GenerationDelta, GenerationParams
-from app.errors import InvalidRequest, UnsupportedParameter
+from app.errors import InvalidRequest
 from app.fake_engine import VOCAB_SIZE
 from app.protocol import (
     MAX_ALLOWED_TOKEN_IDS,
@@ -209,16 +209,15 @@ def test_continuous_usage_needs_include_usage_as_in_vllm():
     assert chat(stream=True, stream_options={"include_usage": None}).include_usage is False  # vLLM takes null
 
 
-def test_continuous_usage_until_wired_is_refused_not_dropped(monkeypatch):
-    from app import protocol
-
+async def test_continuous_usage_puts_the_usage_so_far_on_every_chunk_of_a_stream(client):
     opts = {"include_usage": True, "continuous_usage_stats": True}
-    if not protocol.CONTINUOUS_USAGE_WIRED:
-        with pytest.raises(UnsupportedParameter) as err:
-            chat(stream=True, stream_options=opts)
-        assert err.value.param == "stream_options"
-    monkeypatch.setattr(protocol, "CONTINUOUS_USAGE_WIRED", True)
-    assert chat(stream=True, stream_options=opts).continuous_usage is True
+    r = await client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=4, stream_options=opts))
+    assert r.status_code == 200, r.text
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    with_text = [c for c in chunks if c["choices"]]
+    assert with_text and all(c["usage"]["completion_tokens"] >= 1 for c in with_text)
+    totals = [c["usage"]["completion_tokens"] for c in with_text]
+    assert totals == sorted(totals) and chunks[-1]["usage"]["completion_tokens"] == totals[-1]
 
 
 def test_responder_puts_the_usage_so_far_on_every_chunk():

@@ -61,7 +61,10 @@ def parser() -> argparse.ArgumentParser:
                    help="whole-request target, s (default 60)")
     p.add_argument("--client-timeout", type=float, default=None,
                    help="the SDK's timeout per attempt, s (default: the whole-request target)")
-    p.add_argument("--dtype", default=None, help="engine dtype for every system (default: configs/cpu.yaml's)")
+    p.add_argument("--dtype", default=None,
+                   help="engine dtype for every system (default: configs/cpu.yaml's; `auto` is resolved as this "
+                   "project resolves it, bfloat16 where the CPU computes it natively, else float32, and that one "
+                   "precision is given to every system)")
     p.add_argument("--out-dir", type=Path, default=REPO / "docs", help="where goodput.md and goodput.png go")
     p.add_argument("--work-dir", type=Path, default=None, help="raw results and logs "
                    "(default bench-results/goodput-<timestamp>/)")

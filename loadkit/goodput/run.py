@@ -27,7 +27,7 @@ from loadkit.goodput.plot import write_plot
 from loadkit.goodput.report import REPORT, Setup, render
 from loadkit.goodput.results import launch_from_dict, launch_to_dict, pool
 from loadkit.goodput.workload import LONG_OUTPUT, prompt_maker
-from loadkit.machine import git_commit, machine, versions
+from loadkit.machine import cpu_facts, git_commit, machine, versions
 from loadkit.markdown import write_section
 from loadkit.service import PEER_MARKERS, processes_started_since
 
@@ -69,6 +69,16 @@ def shipped(repo: Path) -> tuple[dict, dict, dict]:
     return first.get("engine") or {}, first.get("deployment") or {}, model.get("service") or {}
 
 
+def same_precision(dtype: str) -> str:
+    """`auto` as this project resolves it on this CPU (bfloat16 where the CPU computes it natively, float32
+    otherwise), given to every system: bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU
+    without AVX-512 bf16 emulates many times slower (the 14:22 run had this project in float32 and the peers in
+    bfloat16, and the peers' engines stalled for tens of seconds a step)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if cpu_facts().native_bf16 else "float32"
+
+
 def _on_term(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -89,7 +99,7 @@ def run(o: Options) -> int:
     started_wall, started, started_epoch = dt.datetime.now(), time.monotonic(), time.time()
     model_dir = o.model_dir or prepare_model(o.repo)
     engine_cfg, deployment, service = shipped(o.repo)
-    engine = Engine(dtype=o.dtype or str(engine_cfg.get("dtype", "auto")),
+    engine = Engine(dtype=same_precision(o.dtype or str(engine_cfg.get("dtype", "auto"))),
                     max_num_seqs=int(engine_cfg.get("max_num_seqs", Engine.max_num_seqs)))
     at = Launchable(repo=o.repo, model_dir=model_dir, work=work, max_concurrency=engine.max_num_seqs,
                     max_output_len=LONG_OUTPUT[1], engine=engine, shipped_admission=True)

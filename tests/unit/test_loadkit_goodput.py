@@ -193,3 +193,12 @@ def test_pool_results_json_round_trip_and_the_issues_checks():
     text = render(rows, launches, setup, meta, Engine(), ["app", "vllm", "ray-llm"])
     assert text.splitlines()[2] == "Command: `python scripts/goodput.py --systems app`"
     assert "| this project | 4x | 4.00 | 80 |" in text and "goodput.png" in text
+
+
+def test_auto_precision_is_resolved_once_for_every_system(monkeypatch):
+    from loadkit.goodput import run
+
+    monkeypatch.setattr(run, "cpu_facts", lambda: CpuFacts("cpu", ("avx2",), 2))
+    assert run.same_precision("auto") == "float32" and run.same_precision("bfloat16") == "bfloat16"
+    monkeypatch.setattr(run, "cpu_facts", lambda: CpuFacts("cpu", ("avx2", "avx512f", "avx512_bf16"), 2))
+    assert run.same_precision("auto") == "bfloat16"

@@ -172,8 +172,9 @@ class Admission:
 
     def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
         """`OverTimeTarget` if the pace predicts `ticket` would miss a target, or would wait in the queue
-        longer than `queue_timeout_s` only to be refused there; records the prediction."""
-        if self.pace is None:
+        longer than `queue_timeout_s` only to be refused there; records the prediction. With no target at
+        all (`ttft_target_s: null` and none asked for) admission is by count alone, as configured."""
+        if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
             return
         now = time.monotonic()
         prediction = self.pace.predict(

@@ -169,9 +169,15 @@ async def test_a_request_that_would_wait_out_the_queue_timeout_is_refused_at_arr
     running.produced(1)  # ~9.9 s of tokens left: longer than the 3 s queue timeout
     late = admission.reserve()
     with pytest.raises(OverTimeTarget) as refused:
-        await late.admit(20, 30, Targets(), prompt_tokens=10, max_steps=10)  # no latency target at all
+        await late.admit(20, 30, Targets(first_token_s=60), prompt_tokens=10, max_steps=10)  # a loose target
     late.release()
     assert "queue timeout" in refused.value.message and refused.value.retry_after_s >= 6
+    without = admission.reserve()  # with no target at all, admission is by count alone: it queues
+    waiting = asyncio.create_task(without.admit(20, 30, Targets(), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 1
+    waiting.cancel()
+    without.release()
 
 
 async def test_a_request_cut_short_does_not_teach_the_pace_a_short_output():

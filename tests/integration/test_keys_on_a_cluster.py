@@ -12,6 +12,7 @@ import yaml
 from loadkit.service import ProcessGroup, child_env, free_port
 from tests.integration.conftest import MODEL, REPO, STARTUP_TIMEOUT_S, Service, base_config, stop_service
 from tests.support.ray_cluster import LOOPBACK_CLUSTER_ENV, ray_head
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "key-from-the-launching-shell"
@@ -37,7 +38,9 @@ def test_keys_from_the_shell_reach_replicas_on_an_existing_cluster(tmp_path):
             ok = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
             assert ok.status_code == 200 and ok.json()["data"][0]["id"] == MODEL
             assert httpx.get(f"{base}/health", timeout=30).status_code == 200  # probes stay open
-            # The whole log: Serve's per-request access lines can push the startup line out of any fixed tail.
-            assert "authentication on, 1 key(s)" in group.log_path.read_text(errors="replace")
+            # The whole log (Serve's access lines can push the line out of any fixed tail), and waiting for it: the
+            # replica answers through the proxy a moment before the CLI prints its ready line.
+            wait_until(lambda: "authentication on, 1 key(s)" in group.log_path.read_text(errors="replace"),
+                       timeout_s=60, what="the CLI's ready line saying authentication is on")
         finally:
             stop_service(svc)

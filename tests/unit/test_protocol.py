@@ -8,21 +8,13 @@ from pydantic import ValidationError
 from app.config import LimitsConfig
 from app.engine import PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
-from app.protocol import ChatCompletionRequest, CompletionRequest
+from app.protocol import ChatCompletionRequest
+from tests.support.request_models import MSGS, chat, completion
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20, max_n=3, max_stop_sequences=2,
                       max_stop_sequence_chars=5, max_logprobs=4, max_messages=3)
-MSGS = [{"role": "user", "content": "hi"}]
 
 
-def chat(**kw):
-    kw.setdefault("messages", MSGS)
-    return ChatCompletionRequest(model="m", **kw)
-
-
-def completion(**kw):
-    kw.setdefault("prompt", "hi")
-    return CompletionRequest(model="m", **kw)
 
 
 def invalid(param, exc=InvalidRequest):
@@ -237,7 +229,6 @@ def test_stream_options_without_stream_is_refused():
     import pytest as _pytest
 
     from app.errors import InvalidRequest
-    from app.protocol import ChatCompletionRequest
 
     with _pytest.raises(InvalidRequest) as err:
         ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],

@@ -24,16 +24,14 @@ from app.protocol import (
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
-    ChatCompletionRequest,
-    CompletionRequest,
 )
 from app.responses import ChatShape, Responder
 from app.vllm_engine import _logprobs, _refusal, _sampling_params
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body
+from tests.support.request_models import chat, completion
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20)
-MSGS = [{"role": "user", "content": "hi"}]
 
 EXTENSIONS = {
     "top_k": 5,
@@ -50,14 +48,6 @@ EXTENSIONS = {
 }
 
 
-def chat(**kw):
-    kw.setdefault("messages", MSGS)
-    return ChatCompletionRequest(model="m", **kw)
-
-
-def completion(**kw):
-    kw.setdefault("prompt", "hi")
-    return CompletionRequest(model="m", **kw)
 
 
 # -- the request models ---------------------------------------------------------------------------------------

@@ -138,6 +138,11 @@ class _Snapshot:
                 "Refused by the replica at arrival: predicted to miss its first-token or end target.",
                 lambda s: s.admission.refused_over_time_target,
             ),
+            "app_engine_wedged": (
+                "Engines the replica declared wedged: no output past the bound of what was in them.",
+                lambda s: s.wedged_total,
+            ),
+            "app_engine_restarts": ("Engines the replica restarted in place.", lambda s: s.restarts_total),
         }
         for name, (doc, read) in gauges.items():
             family = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -1,0 +1,396 @@
+"""An engine that stops making progress (vLLM's EngineCore under SIGSTOP passes vLLM's own health check for
+ever) is found by `EngineHost`'s progress watch within the bound and not before; a busy engine (32 prompts at
+the full context) and a slow one are never flagged; the wedged engine's requests end retryable; and with an
+`engine_factory` the host restarts its engine in place, refusing with 503 + Retry-After meanwhile.
+
+`SteppedEngine` is vLLM's scheduling in time: one step at a time, each emitting a token for every request
+past its prefill and prefilling up to `step_tokens` of the waiting prompts in arrival order, lasting its
+prefill tokens at `prefill_tokens_per_s` plus `decode_step_s`. `stop()` is the SIGSTOP: no step runs."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+
+from app.config import ServiceConfig
+from app.engine import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
+from app.engine_processes import EngineProcesses
+from app.errors import ServiceUnavailable
+from app.fake_engine import FakeEngine
+from app.host import RESTART_LIMIT, EngineHost
+from app.metrics import Metrics
+from app.progress_watch import ProgressWatch
+from tests.support.fake_stack import MODEL_ID, make_config, make_request
+from tests.support.waiting import until
+
+FULL_CONTEXT = 2048  # configs/cpu.yaml's max_model_len
+STEP_TOKENS = 2048  # vLLM 0.32's max_num_batched_tokens on a CPU behind its API server
+PREFILL_TOKENS_PER_S = 20_000.0  # so a 2040-token prompt takes ~0.1 s, and 32 of them ~3.3 s
+FLOOR_S = 0.5  # the test's floor (production: 30 s), small beside the 32 prompts' 3.3 s of prefill
+MARGIN = 3.0
+
+
+@dataclass
+class _Request:
+    prefill_left: int
+    max_tokens: int
+    emitted: int = 0
+    ready: asyncio.Queue[None] = field(default_factory=asyncio.Queue)
+
+
+class SteppedEngine(FakeEngine):
+    def __init__(self, prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S, decode_step_s: float = 0.002,
+                 step_tokens: int = STEP_TOKENS, start_blocks: threading.Event | None = None,
+                 start_fails: bool = False):
+        super().__init__(max_model_len=FULL_CONTEXT)
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.decode_step_s = decode_step_s
+        self.step_tokens = step_tokens
+        self.start_blocks = start_blocks
+        self.start_fails = start_fails
+        self.shut_down = False
+        self.stopped = False
+        self.last_emit = 0.0  # time.monotonic() of the last token emitted
+        self._requests: dict[str, _Request] = {}
+        self._stepping: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.start_blocks is not None:
+            self.start_blocks.wait(30)
+        if self.start_fails:
+            raise RuntimeError("weights missing")
+        super().start()
+
+    def stop(self) -> None:
+        """SIGSTOP: the step under way and every later one wait for ever."""
+        self.stopped = True
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+        super().shutdown()
+
+    def kill(self) -> None:
+        """The EngineCore killed: every request in it ends with EngineDead, as vLLM's do."""
+        super().kill()
+        for request in self._requests.values():
+            request.ready.put_nowait(None)
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        if self.dead:
+            raise EngineDead("stepped engine is dead")
+        request = _Request(prefill_left=len(prompt_token_ids), max_tokens=params.max_tokens)
+        self._requests[request_id] = request
+        self.running.add(request_id)
+        self._prompted += len(prompt_token_ids)
+        if self._stepping is None or self._stepping.done():
+            self._stepping = asyncio.get_running_loop().create_task(self._steps())
+        self._changed()
+        try:
+            for i in range(params.max_tokens):
+                await request.ready.get()
+                if self.dead:
+                    raise EngineDead("stepped engine died mid-request")
+                finish = "length" if i + 1 == params.max_tokens else None
+                choice = ChoiceDelta(index=0, text=f"w{i} ", num_tokens=1, finish_reason=finish)
+                yield GenerationDelta(choices=(choice,))
+        finally:
+            self._requests.pop(request_id, None)
+            self.running.discard(request_id)
+            self._changed()
+
+    async def _steps(self) -> None:
+        while self._requests:
+            unfinished = [r for r in self._requests.values() if r.emitted < r.max_tokens]
+            decoding = [r for r in unfinished if r.prefill_left == 0]
+            budget, prefilled, completed = self.step_tokens, 0, []
+            for r in unfinished:
+                if r.prefill_left and budget:
+                    take = min(budget, r.prefill_left)
+                    r.prefill_left -= take
+                    budget -= take
+                    prefilled += take
+                    if not r.prefill_left:
+                        completed.append(r)
+            await asyncio.sleep(prefilled / self.prefill_tokens_per_s + self.decode_step_s)  # the step's compute
+            while self.stopped:
+                await asyncio.sleep(3600)  # stopped: no progress, ever (the task is cancelled with the loop)
+            for r in decoding + completed:
+                r.emitted += 1
+                r.ready.put_nowait(None)
+                self._generated += 1
+                self.last_emit = time.monotonic()
+            if not decoding and not completed and not prefilled:
+                await asyncio.sleep(0.001)  # everything emitted, waiting for its readers
+
+    def stats(self) -> EngineStats:
+        unfinished = sum(1 for r in self._requests.values() if r.emitted < r.max_tokens)  # as vLLM counts them
+        return EngineStats(running=unfinished, prompt_tokens_total=self._prompted,
+                           generation_tokens_total=self._generated)
+
+
+def _config(**deployment):
+    return make_config(
+        engine={"max_model_len": FULL_CONTEXT},
+        deployment={"max_ongoing_requests": 32, "max_queued_requests": 64, "queue_timeout_s": 60, **deployment},
+        limits={"max_tokens": 64, "default_max_tokens": 8},
+    )
+
+
+def _watch() -> ProgressWatch:
+    return ProgressWatch(floor_s=FLOOR_S, margin=MARGIN, step_tokens=STEP_TOKENS)
+
+
+def _host(engine: SteppedEngine, factory=None) -> EngineHost:
+    return EngineHost(_config().models[0], engine, ServiceConfig(), engine_factory=factory, progress_watch=_watch())
+
+
+def _prompt(tokens: int) -> str:
+    return "x" * tokens  # the fake engine's tokens are bytes
+
+
+async def _run(host: EngineHost, tokens: int, max_tokens: int = 8) -> tuple[float, int]:
+    """One request to its end: (seconds to its first output, tokens)."""
+    started, first, count = time.monotonic(), None, 0
+    async for item in host.generate(make_request(_prompt(tokens), max_tokens=max_tokens, ignore_eos=True,
+                                                 timeout_s=120)):
+        if not isinstance(item, Admitted):
+            first = first or time.monotonic() - started
+            count += sum(c.num_tokens for c in item.choices)
+    assert first is not None
+    return first, count
+
+
+async def _measure_pace(host: EngineHost) -> float:
+    """Requests one at a time, so the host's pace measures the engine's prefill rate; returns that rate."""
+    for tokens in (200, 600, 1000, 1400, 1800, 2040):
+        await _run(host, tokens)
+    rate = (await host.stats()).pace.prefill_tokens_per_s
+    assert rate is not None and rate == pytest.approx(PREFILL_TOKENS_PER_S, rel=0.2)
+    return rate
+
+
+async def test_32_prompts_at_full_context_are_never_declared_wedged():
+    engine = SteppedEngine()
+    host = _host(engine)
+    rate = await _measure_pace(host)
+    bound = FLOOR_S + MARGIN * STEP_TOKENS / rate  # one step's prefill: what may pass with no output at all
+
+    results = await asyncio.gather(*(_run(host, FULL_CONTEXT - 8) for _ in range(32)))
+
+    assert [tokens for _, tokens in results] == [8] * 32
+    assert host.wedged_total == 0
+    await host.check_health()
+    assert host.routing_stats()["serving"] is True
+    # Not a trivial pass: the last of the 32 waited for all the prefills before it, far past the bound, while
+    # the engine went on emitting for the others.
+    assert max(first for first, _ in results) > 2 * bound
+
+
+async def test_a_slow_engine_that_progresses_is_never_flagged():
+    engine = SteppedEngine(decode_step_s=0.6 * FLOOR_S)  # a token every 0.3 s: slow, but progress
+    host = _host(engine)
+    _, tokens = await _run(host, 100, max_tokens=12)  # ~3.6 s: several bounds' worth
+    assert tokens == 12 and host.wedged_total == 0
+    await host.check_health()
+
+
+async def test_a_client_slower_than_the_engine_is_not_a_stall():
+    """The engine has emitted all of a request's tokens; its reader takes longer than the bound to read them."""
+    engine = SteppedEngine()
+    host = _host(engine)
+    stream = host.generate(make_request(_prompt(50), max_tokens=4, ignore_eos=True))
+    assert isinstance(await anext(stream), Admitted)
+    await until(lambda: engine.stats().running == 0, what="the engine done with the request")
+    done_at = time.monotonic()
+    await until(lambda: time.monotonic() - done_at > 3 * host.watch.bound_s(None), timeout_s=30,
+                what="three bounds passed with the reader not reading")
+    assert host.wedged_total == 0 and host.routing_stats()["serving"] is True
+    assert len([d async for d in stream]) == 4  # all there
+
+
+async def test_a_stopped_engine_is_declared_wedged_within_the_bound_and_not_before():
+    engine = SteppedEngine(decode_step_s=0.01)
+    host = _host(engine)
+    rate = await _measure_pace(host)
+    streams = [host.generate(make_request(_prompt(1000), max_tokens=60, ignore_eos=True)) for _ in range(4)]
+    for s in streams:
+        assert isinstance(await anext(s), Admitted)
+    engine.stop()
+    outcomes: list[BaseException | None] = []
+
+    async def drain(stream):
+        try:
+            async for _ in stream:
+                pass
+            outcomes.append(None)
+        except ServiceUnavailable as err:
+            outcomes.append(err)
+
+    readers = [asyncio.create_task(drain(s)) for s in streams]
+    await until(lambda: host.wedged_total == 1, timeout_s=10, what="the engine declared wedged")
+    quiet = time.monotonic() - engine.last_emit
+    stall = host.last_stall
+    assert stall is not None and stall.prefill_tokens == STEP_TOKENS  # 4 x 1000 tokens: one step's worth
+    assert stall.prefill_tokens_per_s <= 1.2 * rate  # the engine's rate as measured, not a faster refit
+    assert stall.bound_s == pytest.approx(FLOOR_S + MARGIN * STEP_TOKENS / stall.prefill_tokens_per_s)
+    assert quiet > stall.bound_s  # not before
+    assert quiet < stall.bound_s + 2 * host.watch.tick_s() + 0.5  # within the bound and a tick (+ a busy loop)
+
+    await asyncio.gather(*readers)
+    assert len(outcomes) == 4 and all(isinstance(e, ServiceUnavailable) for e in outcomes)
+    assert all(e.status == 503 and e.retry_after_s and "retry" in e.message for e in outcomes if e)
+    assert host.routing_stats()["serving"] is False
+    with pytest.raises(RuntimeError, match="wedged"):  # no factory: Serve replaces the replica
+        await host.check_health()
+    with pytest.raises(ServiceUnavailable, match="wedged") as refused:
+        await anext(host.generate(make_request("hello")))
+    assert refused.value.retry_after_s
+    stats = await host.stats()
+    assert stats.wedged_total == 1 and stats.healthy is False
+    text = Metrics().render({MODEL_ID: stats}).decode()
+    assert f'app_engine_wedged_total{{model_name="{MODEL_ID}"}} 1.0' in text
+    assert host.admission.stats().in_system == 0  # every ticket released
+
+
+async def test_requests_queued_behind_a_wedged_engine_are_refused_retryable():
+    engine = SteppedEngine()
+    host = EngineHost(_config(max_ongoing_requests=1).models[0], engine, ServiceConfig(), progress_watch=_watch())
+    running = host.generate(make_request(_prompt(10), max_tokens=60, ignore_eos=True))
+    assert isinstance(await anext(running), Admitted)
+    queued = asyncio.create_task(anext(host.generate(make_request(_prompt(10), max_tokens=4))))
+    await until(lambda: host.admission.stats().waiting == 1, what="the second request queued")
+    engine.stop()
+    with pytest.raises(ServiceUnavailable):
+        async for _ in running:
+            pass
+    with pytest.raises(ServiceUnavailable) as refused:
+        await queued
+    assert refused.value.retry_after_s
+    assert host.admission.stats().in_system == 0
+
+
+# -- in-place restart ---------------------------------------------------------------------------------------
+
+
+class Factory:
+    """The engines a host builds for itself, as `replicas.make_engine` would; each may block or fail its start."""
+
+    def __init__(self, **engine_kw):
+        self.engine_kw = engine_kw
+        self.built: list[SteppedEngine] = []
+
+    def __call__(self) -> SteppedEngine:
+        engine = SteppedEngine(**self.engine_kw)
+        self.built.append(engine)
+        return engine
+
+
+async def test_dead_engine_is_restarted_in_place_and_serves_again():
+    gate = threading.Event()
+    factory = Factory(start_blocks=gate)
+    first = SteppedEngine(decode_step_s=0.01)
+    host = _host(first, factory)
+    stream = host.generate(make_request(_prompt(100), max_tokens=60, ignore_eos=True))
+    assert isinstance(await anext(stream), Admitted)
+    first.kill()
+    with pytest.raises(ServiceUnavailable) as ended:
+        async for _ in stream:
+            pass
+    assert ended.value.retry_after_s
+
+    # restarting: the old engine is shut down, the new one is starting (blocked here)
+    await until(lambda: first.shut_down and len(factory.built) == 1, what="the old engine shut down, a new one built")
+    await host.check_health()  # passes while the restart progresses: Serve must not kill the replica
+    assert host.routing_stats()["serving"] is False
+    with pytest.raises(ServiceUnavailable, match="restarting") as refused:
+        await anext(host.generate(make_request("hello")))
+    assert refused.value.retry_after_s >= 1
+    assert (await host.stats()).restarting is True
+
+    gate.set()
+    await until(lambda: host.restarts_total == 1, what="the restart done")
+    assert host.engine is factory.built[0] and host.routing_stats()["serving"] is True
+    await host.check_health()
+    _, tokens = await _run(host, 100, max_tokens=5)
+    assert tokens == 5
+    stats = await host.stats()
+    assert (stats.restarts_total, stats.restarting, stats.healthy) == (1, False, True)
+    assert f'app_engine_restarts_total{{model_name="{MODEL_ID}"}} 1.0' in Metrics().render({MODEL_ID: stats}).decode()
+
+
+async def test_wedged_engine_is_restarted_in_place():
+    factory = Factory()
+    first = SteppedEngine(decode_step_s=0.01)
+    host = _host(first, factory)
+    stream = host.generate(make_request(_prompt(100), max_tokens=60, ignore_eos=True))
+    assert isinstance(await anext(stream), Admitted)
+    first.stop()
+    with pytest.raises(ServiceUnavailable, match="stopped serving"):
+        async for _ in stream:
+            pass
+    await until(lambda: host.restarts_total == 1, what="the wedged engine restarted")
+    assert host.wedged_total == 1 and first.shut_down and host.engine is factory.built[0]
+    _, tokens = await _run(host, 100, max_tokens=5)
+    assert tokens == 5
+
+
+async def test_a_failed_restart_fails_the_health_check_so_serve_replaces_the_replica():
+    factory = Factory(start_fails=True)
+    first = SteppedEngine()
+    host = _host(first, factory)
+    first.kill()
+    with pytest.raises(RuntimeError):
+        await host.check_health()  # found dead here: the restart begins...
+        await until(lambda: factory.built and host._restart is not None and host._restart.done(),
+                    what="the restart attempted")
+        await host.check_health()  # ...and fails: unhealthy
+    assert host.routing_stats()["serving"] is False
+    with pytest.raises(ServiceUnavailable):
+        await anext(host.generate(make_request("hello")))
+
+
+async def test_a_crash_loop_is_left_to_serve():
+    factory = Factory()
+    host = _host(SteppedEngine(), factory)
+    for restarts in range(RESTART_LIMIT - 1):
+        host.engine.kill()
+        with pytest.raises(ServiceUnavailable):
+            async for _ in host.generate(make_request("hello")):
+                pass
+        await until(lambda n=restarts: host.restarts_total == n + 1, what=f"restart {restarts + 1}")
+    host.engine.kill()  # the RESTART_LIMIT-th break within the window: no restart here
+    with pytest.raises(RuntimeError, match="died"):
+        await host.check_health()
+    assert host.restarts_total == RESTART_LIMIT - 1 and len(factory.built) == RESTART_LIMIT - 1
+
+
+async def test_without_a_factory_a_dead_engine_is_left_to_serve():
+    engine = SteppedEngine()
+    host = _host(engine)
+    engine.kill()
+    with pytest.raises(RuntimeError, match="dead"):
+        await host.check_health()
+    assert (await host.stats()).restarting is False and host.restarts_total == 0
+
+
+def test_engine_processes_sigkills_a_stopped_process():
+    """What a wedged EngineCore gets: SIGKILL, which a stopped process cannot sit out (SIGTERM it would)."""
+    children: list[subprocess.Popen[bytes]] = []
+    processes = EngineProcesses.started_by(lambda: children.append(subprocess.Popen(["sleep", "600"])))
+    try:
+        assert processes.pids == (children[0].pid,)
+        psutil.Process(children[0].pid).suspend()  # SIGSTOP
+        assert processes.kill() == 1
+        assert children[0].wait(timeout=5) == -9
+        assert processes.alive() == []
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

@@ -1,0 +1,134 @@
+"""ProgressWatch on a clock the test moves: the bound is what is in flight allows, a stall is declared past it
+and not a moment before, any progress (the host's or the engine's counters) restarts the clock, and an engine
+with nothing unfinished owes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.progress_watch import UNMEASURED_PREFILL_TOKENS_PER_S, ProgressWatch, Stall
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def watch(clock: Clock, **kw) -> ProgressWatch:
+    kw = {"floor_s": 30.0, "margin": 3.0, "step_tokens": 2048, **kw}
+    return ProgressWatch(clock=clock, **kw)
+
+
+def test_bound_is_floor_plus_margin_times_one_step_of_prefill(clock):
+    w = watch(clock)
+    assert w.bound_s(1000.0) == 30.0  # nothing in flight: the floor
+    w.entered("a", 500)
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 500 / 1000)
+    for i in range(32):  # 32 prompts at the full context: one step's prefill, not 32 prompts'
+        w.entered(f"full-{i}", 2048)
+    assert w.prefill_tokens() == 2048
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
+    fresh = watch(clock)  # no rate measured yet
+    fresh.entered("full", 2048)
+    assert fresh.bound_s(None) == pytest.approx(30.0 + 3.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)
+
+
+def test_a_prompt_longer_than_a_step_counts_whole_and_small_prompts_count_as_they_are(clock):
+    w = watch(clock, step_tokens=512)
+    w.entered("long", 4000)  # chunked over several steps, none of which emits
+    w.entered("short", 10)
+    assert w.prefill_tokens() == 4000
+    w.left("long")
+    assert w.prefill_tokens() == 10  # all there is to prefill, below one step's worth
+
+
+def look(w: ProgressWatch, clock: Clock, seconds: float, tokens: int = 5, busy: bool = True,
+         rate: float | None = 1000.0) -> Stall | None:
+    """Moves the clock `seconds` on, looking every tick as the host does; the first stall seen, or None."""
+    end = clock.now + seconds
+    while clock.now < end - 1e-9:
+        clock.now = min(end, clock.now + w.tick_s())
+        stall = w.stalled(engine_tokens=tokens, engine_busy=busy, prefill_tokens_per_s=rate)
+        if stall is not None:
+            return stall
+    return None
+
+
+def test_stall_declared_past_the_bound_and_not_before(clock):
+    w = watch(clock)
+    w.entered("a", 1000)
+    w.entered("b", 1000)
+    bound = w.bound_s(1000.0)
+    assert w.stalled(engine_tokens=5, engine_busy=True, prefill_tokens_per_s=1000.0) is None
+    assert look(w, clock, bound - 0.01) is None
+    stall = look(w, clock, 0.02)
+    assert stall is not None
+    assert stall.request_ids == ("a", "b") and stall.bound_s == pytest.approx(bound)
+    assert stall.quiet_s == pytest.approx(bound + 0.01)
+    assert "2 request(s)" in stall.describe()
+
+
+def test_any_progress_restarts_the_clock(clock):
+    w = watch(clock, floor_s=10.0)
+    w.entered("a", 100)
+    w.stalled(engine_tokens=0, engine_busy=True, prefill_tokens_per_s=None)
+    bound = w.bound_s(None)
+    for tokens in range(1, 6):  # the engine's counters move every 0.9 bound: slow, never stalled
+        assert look(w, clock, 0.9 * bound, tokens=tokens, rate=None) is None
+    for _ in range(5):  # the host sees outputs every 0.9 bound, counters still
+        w.output()
+        assert look(w, clock, 0.9 * bound, rate=None) is None
+    assert look(w, clock, 1.01 * bound, rate=None) is not None
+
+
+def test_an_engine_with_nothing_unfinished_owes_nothing(clock):
+    """Its requests wait for their readers (a slow client), not for the engine."""
+    w = watch(clock, floor_s=1.0)
+    w.entered("a", 100)
+    assert look(w, clock, 50.0, busy=False) is None
+    assert look(w, clock, 0.9 * w.bound_s(1000.0), busy=True) is None  # busy again: the clock runs from then
+
+
+def test_nothing_in_flight_is_never_a_stall_and_an_arrival_into_an_idle_engine_starts_the_clock(clock):
+    w = watch(clock, floor_s=1.0)
+    assert look(w, clock, 100.0) is None
+    clock.now += 100.0  # long idle, unobserved
+    w.entered("a", 10)
+    assert look(w, clock, 0.9 * w.bound_s(1000.0)) is None
+
+
+def test_time_the_host_could_not_look_is_not_counted_against_the_engine(clock):
+    """The host's loop blocked past the bound: its outputs, read on that loop, were late by as much."""
+    w = watch(clock, floor_s=10.0)
+    w.entered("a", 100)
+    w.stalled(engine_tokens=5, engine_busy=True, prefill_tokens_per_s=1000.0)
+    assert look(w, clock, 5.0) is None
+    clock.now += 60.0  # no look for a minute
+    assert w.stalled(engine_tokens=5, engine_busy=True, prefill_tokens_per_s=1000.0) is None
+    assert look(w, clock, w.bound_s(1000.0) - 5.0 - 2 * w.tick_s() - 0.01) is None
+    assert look(w, clock, 0.5) is not None  # a stall all the same, once the host looks again
+
+
+def test_renewed_watch_keeps_the_settings_and_forgets_the_requests(clock):
+    w = watch(clock, floor_s=7.0, margin=2.0, step_tokens=99)
+    w.entered("a", 10)
+    fresh = w.renewed()
+    assert (fresh.floor_s, fresh.margin, fresh.step_tokens, fresh.in_flight) == (7.0, 2.0, 99, 0)
+
+
+def test_the_rate_trusted_is_the_slowest_reported_and_never_below_the_unmeasured_one(clock):
+    w = watch(clock)
+    w.entered("a", 2048)
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
+    assert w.bound_s(50_000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)  # a faster refit: the bound stays
+    assert w.bound_s(None) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
+    assert w.bound_s(1.0) == pytest.approx(30.0 + 3.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)  # clamped
+    assert w.renewed().bound_s(None) == pytest.approx(30.0)  # nothing in flight in the new one: the floor

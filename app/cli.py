@@ -188,9 +188,11 @@ def cluster_command(action: str, workers: int, cpus_per_worker: int) -> int:
     env = " ".join(f"{k}={v}" for k, v in local_cluster.env_for_clients(state.address).items())
     say(
         f"cluster up: a head and {workers} worker node(s) at {state.address}; deploy with `{env} python -m app serve "
-        "--config ...`; stop with `python -m app cluster down`"
+        f"--config ...` or `RAY_AUTH_MODE=token serve deploy --address {state.dashboard} <serve config>`; "
+        "stop with `python -m app cluster down`"
     )
     print(state.address)
+    print(state.dashboard)
     return 0
 
 

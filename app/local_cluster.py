@@ -1,26 +1,29 @@
 """A multi-node Ray cluster on this one machine, made with Ray's own `ray start`: a head and N worker nodes.
 
 Each node is its own raylet, started by `ray start --block` in a session of its own, so stopping that session
-stops every process of the node (what a pod loss does on KubeRay). The cluster runs with Ray's token
-authentication; its nodes use this machine's interface address (see CLUSTER_ENV). `up` leaves the cluster
-running and writes its address and nodes to a state file; `down` stops what the state file names and then
-anything still carrying the cluster's tag.
-Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve deploy --address ...`.
+stops every process of the node (what a pod loss does on KubeRay). Each worker node is confined to its own
+core(s) of this machine (its CPU affinity, which every process of the node inherits), as a pod's cpuset confines
+it: the engine on that node then computes on that core and no other engine competes for it (app/core_plan.py
+reads the affinity). The head runs Ray's dashboard on loopback, which `serve deploy` (and KubeRay) talk to.
+The cluster runs with Ray's token authentication; its nodes use this machine's interface address (CLUSTER_ENV).
+`up` leaves the cluster running and writes its address and nodes to a state file; `down` stops what the state
+file names and then anything still carrying the cluster's tag.
+Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve deploy --address <dashboard> ...`.
 
-    python -m app cluster up --workers 2      # prints the address to use as RAY_ADDRESS
+    python -m app cluster up --workers 2      # prints the address to use as RAY_ADDRESS, then the dashboard's
     python -m app cluster down
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,8 +52,10 @@ class Node:
 @dataclass(frozen=True)
 class ClusterState:
     address: str
+    dashboard: str  # http://127.0.0.1:<port>: `serve deploy --address` and `serve status --address`
     tag: str
     nodes: tuple[Node, ...]
+    temp_dir: str | None = None  # Ray's session folder root; None: Ray's default, /tmp/ray
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +64,8 @@ class ClusterState:
     @classmethod
     def load(cls, path: Path) -> ClusterState:
         data = json.loads(path.read_text())
-        return cls(address=data["address"], tag=data["tag"], nodes=tuple(Node(**n) for n in data["nodes"]))
+        nodes = tuple(Node(**n) for n in data["nodes"])
+        return cls(data["address"], data["dashboard"], data["tag"], nodes, data.get("temp_dir"))
 
 
 def env_for_clients(address: str) -> dict[str, str]:
@@ -73,66 +79,100 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_node(name: str, args: list[str], tag: str, state_dir: Path) -> Node:
+def worker_cores(workers: int, cpus_per_worker: int, cores: list[int]) -> list[set[int]]:
+    """The cores each worker node is confined to: `cpus_per_worker` consecutive ones, round robin over `cores`
+    (more workers than cores share them, as pods overcommitted on one host would)."""
+    return [{cores[(i * cpus_per_worker + k) % len(cores)] for k in range(cpus_per_worker)} for i in range(workers)]
+
+
+def _start_node(
+    name: str, args: list[str], tag: str, state_dir: Path, env: Mapping[str, str], cores: set[int] | None = None
+) -> Node:
     log = state_dir / f"{name}.log"
-    env = {**os.environ, **CLUSTER_ENV, TAG_ENV: tag}
-    env.pop("RAY_ADDRESS", None)
+    node_env = {**os.environ, **env, **CLUSTER_ENV, TAG_ENV: tag}
+    node_env.pop("RAY_ADDRESS", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [_RAY, "start", "--block", "--disable-usage-stats", *args],
-            env=env,
+            env=node_env,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
     return Node(name=name, pid=proc.pid, log=str(log))
 
 
+_COUNT_ALIVE = """
+import logging, sys, ray
+ray.init(address=sys.argv[1], logging_level=logging.ERROR, log_to_driver=False)
+print(sum(1 for n in ray.nodes() if n["Alive"]))
+"""
+
+
 def _alive_nodes(address: str) -> int:
-    os.environ.update(CLUSTER_ENV)  # before `import ray`: Ray reads its auth mode when it loads
-    import ray
+    """Live nodes in the cluster's table, asked by a process of its own: Ray reads its auth mode (CLUSTER_ENV)
+    when it is imported, and the caller may have imported Ray already (a test session, the CLI)."""
+    env = {**os.environ, **CLUSTER_ENV}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-c", _COUNT_ALIVE, address], env=env, capture_output=True, text=True,
+                          timeout=120)
+    return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
 
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    try:
-        return sum(1 for n in ray.nodes() if n["Alive"])
-    finally:
-        ray.shutdown()
 
-
-def up(workers: int, cpus_per_worker: int = 1, state_dir: Path = STATE_DIR, timeout_s: float = 300) -> ClusterState:
-    """A head (no CPUs: it runs Ray's control plane and Serve's controller only) and `workers` worker nodes,
-    each with `cpus_per_worker` CPUs and a resource `worker-<i>` naming it."""
+def up(
+    workers: int,
+    cpus_per_worker: int = 1,
+    state_dir: Path = STATE_DIR,
+    timeout_s: float = 300,
+    env: Mapping[str, str] | None = None,
+    temp_dir: Path | None = None,
+) -> ClusterState:
+    """A head (no CPUs: it runs Ray's control plane, the dashboard and Serve's controller only) and `workers`
+    worker nodes, each with `cpus_per_worker` CPUs confined to as many cores of this machine and a resource
+    `worker-<i>` naming it. `env` is added to every node's environment (as a pod's env, e.g. APP_API_KEYS);
+    `temp_dir`: Ray's session folder (logs included) instead of /tmp/ray (keep it short: Ray's sockets live there)."""
     state_path = state_dir / "cluster.json"
     if state_path.exists():
         raise ClusterError(f"a cluster is already up (state in {state_path}); `python -m app cluster down` first")
     state_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    env = dict(env or {})
+    port, dashboard_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
+    dashboard = f"http://127.0.0.1:{dashboard_port}"
     tag = f"app-cluster-{port}"
-    nodes = [
-        _start_node("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false"], tag, state_dir)
-    ]
-    state = ClusterState(address=address, tag=tag, nodes=tuple(nodes))
+    head_args = ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+    if temp_dir is not None:
+        head_args.append(f"--temp-dir={temp_dir}")
+    nodes = [_start_node("head", head_args, tag, state_dir, env)]
+    state = ClusterState(address, dashboard, tag, tuple(nodes), None if temp_dir is None else str(temp_dir))
     state.save(state_path)  # saved at once: `down` can stop a half-started cluster too
     deadline = time.monotonic() + timeout_s
     while not _listening(port):
         if time.monotonic() > deadline or psutil.Process(nodes[0].pid).status() == psutil.STATUS_ZOMBIE:
             raise ClusterError(f"the head did not start; see {nodes[0].log}")
         time.sleep(0.5)  # polling the GCS port
+    confined = worker_cores(workers, cpus_per_worker, sorted(os.sched_getaffinity(0)))
     for i in range(1, workers + 1):  # one at a time: several raylets registering at once overloaded the GCS here
         worker_args = [
             f"--address={address}",
             f"--num-cpus={cpus_per_worker}",
             f"--resources={json.dumps({f'worker-{i}': 1})}",
+            *([f"--temp-dir={temp_dir}"] if temp_dir is not None else []),
         ]
-        nodes.append(_start_node(f"worker-{i}", worker_args, tag, state_dir))
-        state = ClusterState(address=address, tag=tag, nodes=tuple(nodes))
+        nodes.append(_start_node(f"worker-{i}", worker_args, tag, state_dir, env, confined[i - 1]))
+        state = ClusterState(address, dashboard, tag, tuple(nodes), None if temp_dir is None else str(temp_dir))
         state.save(state_path)
         while _alive_nodes(address) < 1 + i:
             if time.monotonic() > deadline:
                 raise ClusterError(f"worker-{i} did not join within {timeout_s:.0f} s; logs in {state_dir}")
             time.sleep(1.0)  # polling the cluster's node table
+    while not _listening(dashboard_port):  # `serve deploy` talks to it; it starts after the GCS
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the dashboard did not start on {dashboard}; see {nodes[0].log}")
+        time.sleep(0.5)
     return state
 
 

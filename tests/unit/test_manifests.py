@@ -506,3 +506,21 @@ def test_dockerfile_serves_a_valid_config(path):
     assert re.search(r"^HEALTHCHECK\b.*(\n\s+.*)*?/health\b", text, re.MULTILINE)
     users = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)
     assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
+
+
+def test_gpu_manifest_engine_arguments_are_vllms_own():
+    """As far as a CPU machine goes: vLLM's own engine arguments for the GPU manifest's model, constructed (and
+    checked by vLLM's dataclass) without starting an engine or reading the model."""
+    from app.precision import resolve_cpu_precision
+    from app.vllm_engine import _engine_args
+
+    serve_config = parse_serve_config(yaml.safe_load(_manifest("rayservice-gpu.yaml")["spec"]["serveConfigV2"]))
+    for app_schema in serve_config.applications:
+        config, _ = build_application(app_schema)
+        for model in config.models:
+            choice = resolve_cpu_precision(model.engine.dtype, on_gpu=model.on_gpu)
+            args = _engine_args(model, choice.dtype)
+            assert model.on_gpu and args.model == model.source and args.served_model_name == model.id
+            assert (args.dtype, args.enforce_eager) == ("bfloat16", False)
+            assert args.gpu_memory_utilization == model.engine.gpu_memory_utilization == 0.90
+            assert args.tensor_parallel_size == 1 and args.max_model_len == model.engine.max_model_len

@@ -1,0 +1,104 @@
+"""Steady load from the real `openai` SDK, for the tests that change or break a running deployment under it.
+
+Each client loops until stopped: plain or streaming chat requests, greedy or sampled, with the SDK's retries
+off (`max_retries=0`), so every failure the service lets through is seen and recorded. A stream counts as
+served only when it ends with a `finish_reason`; one that stops without it is "broken".
+
+    with SteadyLoad(base_url, api_key, model, plain=3, streaming=2) as load:
+        ...change something...
+        load.wait_served(10)                       # at least 10 more answers since the call
+    load.failures(since=t)                         # (sent_at, outcome) of every non-served answer
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import openai
+
+from tests.support.waiting import wait_until
+
+SERVED = "served"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent_at: float  # time.monotonic() when the request was sent
+    ended_at: float
+    streaming: bool
+    result: str  # SERVED, "broken" (a stream without finish_reason), or the exception's type and message
+
+
+class SteadyLoad:
+    def __init__(self, base_url: str, api_key: str, model: str, plain: int = 3, streaming: int = 2,
+                 max_tokens: int = 12, timeout_s: float = 120):
+        self._clients = [openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s)
+                         for _ in range(plain + streaming)]
+        self._streaming = [False] * plain + [True] * streaming
+        self._model = model
+        self._max_tokens = max_tokens
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.outcomes: list[Outcome] = []
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(len(self._clients))]
+
+    def __enter__(self) -> SteadyLoad:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=180)
+        for c in self._clients:
+            c.close()
+
+    def _body(self, i: int, n: int) -> dict:
+        greedy = (i + n) % 2 == 0  # each client alternates greedy and sampled requests
+        question = ["What is the capital of France?", "Name three colours.", "Count from one to ten."][n % 3]
+        return {"model": self._model, "messages": [{"role": "user", "content": question}],
+                "max_tokens": self._max_tokens, "temperature": 0 if greedy else 0.8, "seed": None if greedy else n}
+
+    def _run(self, i: int) -> None:
+        client, streaming, n = self._clients[i], self._streaming[i], 0
+        while not self._stop.is_set():
+            n += 1
+            sent = time.monotonic()
+            try:
+                if streaming:
+                    finish = None
+                    for chunk in client.chat.completions.create(**self._body(i, n), stream=True):
+                        if chunk.choices and chunk.choices[0].finish_reason:
+                            finish = chunk.choices[0].finish_reason
+                    result = SERVED if finish else "broken"
+                else:
+                    answer = client.chat.completions.create(**self._body(i, n))
+                    result = SERVED if answer.choices[0].finish_reason else "broken"
+            except Exception as err:  # every failure is the finding: recorded, never raised in the thread
+                result = f"{type(err).__name__}: {str(err)[:200]}"
+            with self._lock:
+                self.outcomes.append(Outcome(sent, time.monotonic(), streaming, result))
+
+    def served(self) -> int:
+        with self._lock:
+            return sum(o.result == SERVED for o in self.outcomes)
+
+    def wait_served(self, more: int, timeout_s: float = 300, what: str = "") -> None:
+        target = self.served() + more
+        wait_until(lambda: self.served() >= target, timeout_s=timeout_s, what=what or f"{more} more answers served")
+
+    def since(self, t: float) -> list[Outcome]:
+        with self._lock:
+            return [o for o in self.outcomes if o.sent_at >= t]
+
+    def failures(self, since: float = 0.0) -> list[Outcome]:
+        return [o for o in self.since(since) if o.result != SERVED]
+
+    def summary(self, since: float = 0.0) -> str:
+        got = self.since(since)
+        failed = [o.result for o in got if o.result != SERVED]
+        return f"{len(got)} requests, {len(got) - len(failed)} served, failures: {failed[:8]}"
+

@@ -62,6 +62,13 @@ class EngineConfig(_Strict):
     trust_remote_code: bool = Field(
         False, description="Allow model code from the model folder. Only for models you trust."
     )
+    tool_call_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="vLLM's tool-call parser for this model's own tool-call format (e.g. `hermes`; vLLM's "
+        "`--tool-call-parser`), checked when the engine starts: it lets requests with tools use tool_choice "
+        '"auto". Without one, "auto" is a 400 (`required` and a named function work with any model).',
+    )
 
 
 class DeploymentConfig(_Strict):

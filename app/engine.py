@@ -43,15 +43,26 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     allowed_token_ids: tuple[int, ...] | None = None  # None: any token; never empty
     bad_words: tuple[str, ...] = ()
+    # The request parameter `json_schema` came from, which a refusal of the schema names: "tools" when it forces
+    # tool calls (app/tool_calls.py), "response_format" otherwise.
+    json_schema_param: str = "response_format"
+    # tool_choice "auto": the request's tools (OpenAI's JSON objects, plain data), for the model's tool-call
+    # parser to find the calls the model writes in its own format; None: no parsing.
+    auto_tools: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
 class PromptInput:
-    """Exactly one of: chat messages (templated by the engine host), text, or token ids."""
+    """Exactly one of: chat messages (templated by the engine host), text, or token ids.
 
-    messages: tuple[dict[str, str], ...] | None = None
+    A message is a plain dict as chat templates take it: `role`, `content` (text), and where present `name`,
+    `tool_calls` (each `{"id", "type", "function": {"name", "arguments": dict}}`) and `tool_call_id`. `tools`
+    (OpenAI's tool objects) go to the chat template as its `tools`."""
+
+    messages: tuple[dict[str, Any], ...] | None = None
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,17 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call in OpenAI's stream shape: the first piece of call `index` has its id and name,
+    later pieces only more argument text."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class ChoiceDelta:
     """New output of one choice since the previous delta."""
 
@@ -98,6 +120,9 @@ class ChoiceDelta:
     # instead (EngineDead / EngineFailed), so a cut-short answer never reads as a normal "stop".
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is then only
+    # what the model wrote besides them.
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,8 +184,8 @@ class Engine(Protocol):
         len(text) / max_token_chars tokens, so a prompt certainly over a limit is refused without tokenizing."""
         ...
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Apply the chat template (with the generation prompt) and tokenize."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Apply the chat template (with the generation prompt, and `tools` if any) and tokenize."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

@@ -19,8 +19,10 @@ may be driven by another thread's loop, or started in a background thread).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from app.engine import (
     ChoiceDelta,
@@ -30,6 +32,7 @@ from app.engine import (
     GenerationDelta,
     GenerationParams,
     TokenLogprob,
+    ToolCallDelta,
 )
 from app.errors import InvalidRequest
 
@@ -115,8 +118,10 @@ class FakeEngine:
     def max_token_chars(self) -> int:
         return 1  # one token per UTF-8 byte, and a character is at least one byte
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        text = "".join(f"<|{m['role']}|>{m['content']}{_calls(m)}\n" for m in messages) + "<|assistant|>"
+        if tools:  # the names only: the fake model's context is small
+            text = "<|tools|>" + ",".join(t.get("function", {}).get("name", "") for t in tools) + "\n" + text
         return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
@@ -126,6 +131,11 @@ class FakeEngine:
         return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
 
     def _words(self, params: GenerationParams, index: int) -> list[str]:
+        if params.json_schema is not None and params.json_schema_param == "tools":
+            # The smallest instance of the schema, in pieces of 5 characters: streamed tool calls get split
+            # arguments, as a real engine's tokens split them.
+            text = json.dumps(schema_instance(params.json_schema, params.json_schema))
+            return [text[i : i + 5] for i in range(0, len(text), 5)]
         if params.json_schema is not None or params.json_object:
             return ['{"fake": ', "true}"]
         if params.ignore_eos:
@@ -169,6 +179,8 @@ class FakeEngine:
 
                 jsonschema.Draft202012Validator.check_schema(params.json_schema)
             except Exception as err:
+                if params.json_schema_param != "response_format":  # vLLM's engine names the tools the same way
+                    raise InvalidRequest(f"invalid JSON schema: {err}", param=params.json_schema_param) from None
                 raise EngineRejected(f"invalid JSON schema: {err}") from None
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise EngineRejected("prompt plus max_tokens exceeds max_model_len")
@@ -211,8 +223,12 @@ class FakeEngine:
                         top = tuple((f"alt{k}", -1.0 - k) for k in range(params.logprobs))
                         ranked = ((word, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
                         logprobs = (TokenLogprob(token=word, logprob=-0.5, top=ranked),)
+                    calls: tuple[ToolCallDelta, ...] = ()
+                    if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
+                        calls = (_auto_call(params.auto_tools[0], i),)
                     choices.append(
-                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs)
+                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs,
+                                    tool_calls=calls)
                     )
                     self._generated += 1
                     done[i] = finish is not None
@@ -243,6 +259,51 @@ class FakeEngine:
     def shutdown(self) -> None:
         self.started = False
         self._changed()
+
+
+def schema_instance(schema: Any, root: dict[str, Any], depth: int = 0) -> Any:
+    """The smallest JSON value valid against `schema` for the schemas tests use (types, properties, required,
+    enum, const, anyOf/oneOf, items with minItems, local `$ref`s); what a constrained decoder could produce."""
+    if not isinstance(schema, dict) or depth > 32:
+        return {}
+    if "$ref" in schema:
+        target: Any = root
+        for part in str(schema["$ref"]).lstrip("#/").split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return schema_instance(target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return schema_instance({**schema, key: None, **schema[key][0]}, root, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "array":
+        return [schema_instance(schema.get("items", {}), root, depth + 1) for _ in range(schema.get("minItems", 0))]
+    if kind == "string":
+        return "x" * int(schema.get("minLength", 1))
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    properties = schema.get("properties") or {}
+    return {name: schema_instance(sub, root, depth + 1) for name, sub in properties.items()}
+
+
+def _auto_call(tool: dict[str, Any], choice: int) -> ToolCallDelta:
+    function = tool.get("function", {})
+    arguments = schema_instance(function.get("parameters") or {}, function.get("parameters") or {})
+    return ToolCallDelta(index=0, id=f"call_fake{choice}", name=function.get("name"), arguments=json.dumps(arguments))
+
+
+def _calls(message: dict[str, Any]) -> str:
+    calls = message.get("tool_calls")
+    tool = f"[{message['tool_call_id']}]" if message.get("tool_call_id") else ""
+    return tool + ("<|calls|>" + ",".join(c["function"]["name"] for c in calls) if calls else "")
 
 
 def _wake(future: asyncio.Future[None]) -> None:

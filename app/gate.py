@@ -39,6 +39,7 @@ KNOWN_ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/v1/models",
         "/tokenize",
         "/detokenize",
@@ -50,7 +51,9 @@ KNOWN_ENDPOINTS = frozenset(
 )
 # Refused before the body is read when every model is at capacity: generation, and tokenizing (which costs
 # the same tokenizer thread).
-CAPACITY_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+CAPACITY_ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"}
+)
 # Past the request's own time limit (the host's 504 or error event comes first), a request whose client stopped
 # reading is ended here, wherever it is blocked, and its engine request aborted.
 DEADLINE_MARGIN_S = 2.0

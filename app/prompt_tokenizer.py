@@ -79,7 +79,12 @@ class PromptTokenizer:
     def _render(self, prompt: PromptInput) -> list[int]:
         try:
             if prompt.messages is not None:
-                ids = self.engine.render_chat(list(prompt.messages))
+                messages = list(prompt.messages)
+                ids = (
+                    self.engine.render_chat(messages, list(prompt.tools))
+                    if prompt.tools
+                    else self.engine.render_chat(messages)
+                )
             elif prompt.text is not None:
                 ids = self.engine.encode(prompt.text)
             else:

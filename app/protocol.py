@@ -8,14 +8,17 @@ not implement are refused by name rather than silently ignored.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, Literal
 
+import jsonschema  # a dependency of ray; checks tool schemas before the engine compiles them
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.config import LimitsConfig
 from app.engine import GenerationParams, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.tool_calls import forced_schema
 
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
@@ -31,7 +34,13 @@ MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model'
 MAX_TOP_K = 2**31 - 1  # vLLM keeps top_k in int32 tensors; any k at or above the vocabulary means "every token"
 LOGIT_BIAS_BOUND = 100.0  # biases are clamped to [-100, 100], as vLLM does
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-# Known OpenAI parameters this service does not implement: a 400 that says so.
+# Bounds on tools (vLLM has none): every tool's schema goes into the chat template, and with a forced choice into a
+# grammar the engine compiles per request.
+MAX_TOOLS = 128
+MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit
+MAX_TOOLS_SCHEMA_CHARS = 65_536  # the tools' parameter schemas together, as compact JSON
+# Known OpenAI parameters this service does not implement: a 400 that says so. (Chat takes tools; completions
+# know them only as unsupported.)
 UNSUPPORTED_PARAMETERS = (
     "tools",
     "tool_choice",
@@ -270,22 +279,149 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False  # vLLM extension
 
 
+def _not_too_deep(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    # vLLM refuses deeper schemas anyway; refused here, a deep one never reaches the Ray handle,
+    # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
+    level: list[Any] = [schema] if schema else []
+    for _ in range(MAX_JSON_SCHEMA_NESTING):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+        if not level:
+            return schema
+    raise ValueError(
+        f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
+    )
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
 
+class MessageFunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")  # as vLLM, which reads only these two
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class MessageToolCall(BaseModel):
+    """A call in an earlier assistant turn, as the client got it back."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+    def for_template(self) -> dict[str, Any]:
+        # Chat templates take the arguments as an object (vLLM parses them the same way); arguments that are not
+        # a JSON object become {} rather than failing every later turn of the conversation, as in vLLM.
+        args = self.function.arguments
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args else {}
+            except ValueError:
+                args = {}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.function.name, "arguments": args if isinstance(args, dict) else {}},
+        }
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
+    # Extra fields are accepted and left out of the prompt, as vLLM accepts and drops them.
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it: content as text (null is ""), and only the fields vLLM keeps."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.role == "assistant" and self.tool_calls:
+            out["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        if self.role == "tool" and self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=MAX_TOOL_NAME_CHARS)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+def _check_tool_schemas(tools: list[ChatTool]) -> None:
+    """Refuses tool schemas that could not be compiled or are too large, naming `tools`, before any engine work:
+    a schema is checked against its JSON Schema metaschema (jsonschema, as the engine's grammar compiler would
+    refuse it later), nesting and size are bounded, and `$defs` (hoisted to one place for a forced choice, as in
+    vLLM) must not conflict."""
+    size = 0
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        parameters = tool.function.parameters
+        if not parameters:
+            continue
+        name = tool.function.name
+        try:
+            _not_too_deep(parameters)
+            size += len(json.dumps(parameters, separators=(",", ":"), allow_nan=False))
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except (ValueError, TypeError) as err:
+            raise InvalidRequest(f"the parameters of tool '{name}' are not a usable JSON schema: {err}",
+                                 param="tools") from None
+        except jsonschema.SchemaError as err:
+            raise InvalidRequest(
+                f"the parameters of tool '{name}' are not a valid JSON schema: {err.message}", param="tools"
+            ) from None
+        own = parameters.get("$defs") or {}
+        if not isinstance(own, dict):
+            raise InvalidRequest(f"`$defs` in the parameters of tool '{name}' must be an object", param="tools")
+        for key, value in own.items():
+            if key in defs and defs[key] != value:
+                raise InvalidRequest(
+                    f"Tool definition '{key}' has multiple schemas, which is not supported.", param="tools"
+                )
+            defs[key] = value
+    if size > MAX_TOOLS_SCHEMA_CHARS:
+        raise InvalidRequest(
+            f"the tools' parameter schemas are {size} characters of JSON; at most {MAX_TOOLS_SCHEMA_CHARS} are "
+            "allowed",
+            param="tools",
+        )
 
 
 class JsonSchemaSpec(BaseModel):
@@ -298,21 +434,7 @@ class JsonSchemaSpec(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _not_too_deep(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        # vLLM refuses deeper schemas anyway; refused here, a deep one never reaches the Ray handle,
-        # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
-        level: list[Any] = [schema] if schema else []
-        for _ in range(MAX_JSON_SCHEMA_NESTING):
-            level = [
-                child
-                for node in level
-                for child in (node.values() if isinstance(node, dict) else node)
-                if isinstance(child, (dict, list))
-            ]
-            if not level:
-                return schema
-        raise ValueError(
-            f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
-        )
+        return _not_too_deep(schema)
 
 
 class ResponseFormat(BaseModel):
@@ -334,11 +456,55 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     response_format: ResponseFormat | None = None
+    tools: list[ChatTool] | None = None
+    # None: "auto" with tools, "none" without (vLLM's and OpenAI's defaults)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # None: true
 
     @field_validator("n", mode="before")
     @classmethod
     def _null_n_is_one(cls, value: Any) -> Any:
         return 1 if value is None else value  # vLLM's chat request takes n: null (its completions do not)
+
+    @model_validator(mode="after")
+    def _tools_consistent(self) -> ChatCompletionRequest:
+        """vLLM's checks of `tools` and `tool_choice` (check_tool_usage), with this service's bounds."""
+        if self.tools is not None:
+            if not self.tools:
+                raise InvalidRequest(
+                    "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
+                    param="tools",
+                )
+            if len(self.tools) > MAX_TOOLS:
+                raise InvalidRequest(f"'tools' has {len(self.tools)} tools; at most {MAX_TOOLS} are allowed",
+                                     param="tools")
+            _check_tool_schemas(self.tools)
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and self.tools is None:
+            raise InvalidRequest("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in self.tool_names:
+            raise InvalidRequest(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`", param="tool_choice"
+            )
+        return self
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t.function.name for t in self.tools or ()]
+
+    @property
+    def effective_tool_choice(self) -> str:
+        """"none", "auto", "required", or the name of the forced function."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        return choice or ("auto" if self.tools else "none")
+
+    @property
+    def forced_tool_choice(self) -> str | None:
+        """"required" or the forced function's name when decoding forces tool calls; None otherwise."""
+        choice = self.effective_tool_choice
+        return None if choice in ("none", "auto") else choice
 
     def to_prompt(self, limits: LimitsConfig) -> PromptInput:
         if len(self.messages) > limits.max_messages:
@@ -346,9 +512,33 @@ class ChatCompletionRequest(_Request):
                 f"'messages' has {len(self.messages)} entries; at most {limits.max_messages} are allowed",
                 param="messages",
             )
-        return PromptInput(messages=tuple({"role": m.role, "content": m.text()} for m in self.messages))
+        # The template gets the tools whatever the choice ("none" too), as vLLM gives them by default.
+        tools = tuple(t.model_dump(exclude_none=True) for t in self.tools) if self.tools else None
+        return PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools)
 
-    def to_params(self, limits: LimitsConfig) -> GenerationParams:
+    def _tool_params(self, tool_call_parser: str | None) -> dict[str, Any]:
+        forced = self.forced_tool_choice
+        if forced is not None:
+            functions = [t.function.model_dump() for t in self.tools or ()]
+            # As in vLLM, forcing tool calls replaces response_format's constraint.
+            return {
+                "json_schema": forced_schema(functions, forced, self.parallel_tool_calls),
+                "json_object": False,
+                "json_schema_param": "tools",
+            }
+        if self.effective_tool_choice == "auto":
+            if tool_call_parser is None:
+                raise InvalidRequest(
+                    '"auto" tool choice needs a tool-call parser for this model, and none is configured '
+                    "(models[].engine.tool_call_parser); send tool_choice \"required\", a named function, "
+                    'or "none"',
+                    param="tool_choice",
+                )
+            return {"auto_tools": tuple(t.model_dump(exclude_none=True) for t in self.tools or ())}
+        return {}
+
+    def to_params(self, limits: LimitsConfig, tool_call_parser: str | None = None) -> GenerationParams:
+        """`tool_call_parser`: the model's (config), which tool_choice "auto" needs."""
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
@@ -365,16 +555,19 @@ class ChatCompletionRequest(_Request):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
         fmt = self.response_format
+        structured: dict[str, Any] = {
+            "json_object": bool(fmt and fmt.type == "json_object"),
+            "json_schema": (fmt.json_schema.schema_ or {})
+            if fmt and fmt.type == "json_schema" and fmt.json_schema
+            else None,
+        }
         return self._params(
             limits,
             max_tokens,
             name,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             logprobs_name="top_logprobs",
-            json_object=bool(fmt and fmt.type == "json_object"),
-            json_schema=(fmt.json_schema.schema_ or {})
-            if fmt and fmt.type == "json_schema" and fmt.json_schema
-            else None,
+            **{**structured, **self._tool_params(tool_call_parser)},
         )
 
 

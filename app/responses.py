@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
+from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob, ToolCallDelta
+from app.tool_calls import REQUIRED, ForcedCalls, ToolCall
 
 
 def _utf8(text: str) -> list[int]:
@@ -21,8 +22,17 @@ def _utf8(text: str) -> list[int]:
 
 
 class ChatShape:
+    """Chat's choices. With `forced_tool_choice` ("required" or a function's name) the text is the JSON that
+    decoding was held to, and the choice carries it as tool calls (app/tool_calls.py); calls an engine's
+    tool-call parser found (tool_choice "auto") arrive as `ChoiceDelta.tool_calls`."""
+
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
+
+    def __init__(self, forced_tool_choice: str | None = None):
+        self.forced_tool_choice = forced_tool_choice
+        self._forced: dict[int, ForcedCalls] = {}  # choice index -> its calls so far (streaming)
+        self._called: set[int] = set()  # choices with a tool call streamed
 
     @staticmethod
     def logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
@@ -38,22 +48,57 @@ class ChatShape:
             ]
         }
 
+    def _finish_reason(self, reason: str | None, called: bool) -> str | None:
+        # OpenAI's (and vLLM's): "tool_calls" when "required" or the model's own choice called a tool; a named
+        # function's call ends with "stop".
+        if reason == "stop" and called and self.forced_tool_choice in (None, REQUIRED):
+            return "tool_calls"
+        return reason
+
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant", "content": c.text} if first else {"content": c.text}
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if self.forced_tool_choice is not None:
+            calls = self._forced.setdefault(c.index, ForcedCalls(self.forced_tool_choice)).feed(c.text)
+        else:
+            calls = list(c.tool_calls)
+            if c.text or not calls:
+                delta["content"] = c.text
+        if calls:
+            self._called.add(c.index)
+            delta["tool_calls"] = [_tool_call_delta(t) for t in calls]
         return {
             "index": c.index,
             "delta": delta,
             "logprobs": self.logprobs(c.logprobs) if c.logprobs is not None else None,
-            "finish_reason": c.finish_reason,
+            "finish_reason": self._finish_reason(c.finish_reason, c.index in self._called),
         }
 
     def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": acc.text}
+        if self.forced_tool_choice is not None:
+            calls = ForcedCalls(self.forced_tool_choice).calls(acc.text)
+            message["content"] = ""  # as vLLM answers a forced call
+        else:
+            calls = list(acc.tool_calls.values())
+            if calls and not acc.text:
+                message["content"] = None
+        if calls:
+            message["tool_calls"] = [
+                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                for t in calls
+            ]
         return {
             "index": acc.index,
-            "message": {"role": "assistant", "content": acc.text},
+            "message": message,
             "logprobs": self.logprobs(acc.logprobs) if acc.logprobs is not None else None,
-            "finish_reason": acc.finish_reason,
+            "finish_reason": self._finish_reason(acc.finish_reason, bool(calls)),
         }
+
+
+def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
+    if t.id is None:
+        return {"index": t.index, "function": {"arguments": t.arguments}}
+    return {"index": t.index, "id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
 
 
 class CompletionShape:
@@ -97,6 +142,30 @@ class CompletionShape:
         }
 
 
+class StreamWriter(Protocol):
+    """What the route needs of one request's output, whichever API: the events of a stream (payloads; the route
+    frames them, app/sse.py) or the one body. `Responder` (chat, completions) and the Responses API's writer
+    (app/response_events.py) are the two."""
+
+    named_events: bool  # each event also names its type (the Responses API)
+    ends_with_done: bool  # `data: [DONE]` after the last event (chat, completions)
+
+    @property
+    def request_id(self) -> str: ...
+
+    def admitted(self, item: Admitted) -> None: ...
+
+    def opening(self) -> list[dict[str, Any]]: ...
+
+    def events(self, delta: GenerationDelta) -> list[dict[str, Any]]: ...
+
+    def closing(self) -> list[dict[str, Any]]: ...
+
+    def error_events(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+    async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]: ...
+
+
 @dataclass
 class _ChoiceState:
     index: int
@@ -105,6 +174,7 @@ class _ChoiceState:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     started: bool = False
+    tool_calls: dict[int, ToolCall] = field(default_factory=dict)  # found by the engine's parser, by call index
 
 
 @dataclass
@@ -122,8 +192,13 @@ class Responder:
     def __post_init__(self) -> None:
         self._choices = [_ChoiceState(i) for i in range(self.n)]
 
+    named_events = False  # chat and completions events are plain `data:` lines
+    ends_with_done = True  # then `data: [DONE]`
+
     def admitted(self, item: Admitted) -> None:
         self.prompt_tokens = item.prompt_tokens
+        if isinstance(self.shape, CompletionShape) and item.prompt_text is not None:
+            self.shape.echo_text = item.prompt_text  # echo of a token-id prompt: its text, decoded by the engine
 
     def _absorb(self, c: ChoiceDelta) -> _ChoiceState:
         acc = self._choices[c.index]
@@ -132,6 +207,13 @@ class Responder:
         acc.finish_reason = c.finish_reason or acc.finish_reason
         if c.logprobs is not None:
             acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
+        for t in c.tool_calls:
+            known = acc.tool_calls.get(t.index)
+            acc.tool_calls[t.index] = (
+                ToolCall(t.id or "", t.name or "", t.arguments)
+                if known is None
+                else ToolCall(known.id, known.name, known.arguments + t.arguments)
+            )
         return acc
 
     def usage(self) -> dict[str, int]:
@@ -145,17 +227,39 @@ class Responder:
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
 
-    def chunk(self, delta: GenerationDelta) -> dict[str, Any]:
+    def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
+        """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
+        not yet readable), as vLLM sends no chunk then."""
         choices = []
         for c in delta.choices:
             acc = self._absorb(c)
-            choices.append(self.shape.chunk_choice(c, first=not acc.started))
+            choice = self.shape.chunk_choice(c, first=not acc.started)
             acc.started = True
+            if choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None:
+                continue
+            choices.append(choice)
+        if not choices:
+            return None
         out = self._envelope(self.shape.object_chunk)
         out["choices"] = choices
         if self.include_usage:
             out["usage"] = self.usage() if self.continuous_usage else None
         return out
+
+    # The stream as the route writes it (the same calls as the Responses API's writer, app/response_events.py).
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def events(self, delta: GenerationDelta) -> list[dict[str, Any]]:
+        chunk = self.chunk(delta)
+        return [chunk] if chunk is not None else []
+
+    def closing(self) -> list[dict[str, Any]]:
+        return [self.usage_chunk()] if self.include_usage else []
+
+    def error_events(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return [body]  # the OpenAI error object as one event
 
     def usage_chunk(self) -> dict[str, Any]:
         out = self._envelope(self.shape.object_chunk)

@@ -1,4 +1,4 @@
-"""The OpenAI API routes: chat, completions, models, tokenize, detokenize. Thin by design.
+"""The OpenAI API routes: chat, completions, responses, models, tokenize, detokenize. Thin by design.
 
 Each route parses its body (protocol models), picks the model's backend, and for generation awaits
 the first item of the backend's stream, so that validation, admission and queue errors get a real
@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,7 +28,9 @@ from app.errors import InternalError, InvalidRequest, ServiceError
 from app.ingress_state import IngressState
 from app.metrics import RequestTimer
 from app.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from app.responses import ChatShape, CompletionShape, Responder
+from app.response_events import ResponsesWriter
+from app.responses import ChatShape, CompletionShape, Responder, StreamWriter
+from app.responses_request import ResponsesRequest, responses_param, summary
 from app.wire_json import JSONBody
 
 log = logging.getLogger("app.ingress")
@@ -39,6 +41,9 @@ _STREAMED: dict[int | str, dict[str, Any]] = {
 }
 
 router = APIRouter()
+# Builds the object that turns one request's engine output into its API's body or stream events, from the
+# request id and the model id (known once the request is admitted).
+WriterFactory = Callable[[str, str], StreamWriter]
 
 
 def _state(request: Request) -> IngressState:
@@ -48,15 +53,41 @@ def _state(request: Request) -> IngressState:
 
 @router.post("/v1/chat/completions", responses=_STREAMED)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
-    return await _generate_unless_gone(request, body, ChatShape(), "chatcmpl")
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        return Responder(request_id, model_id, ChatShape(body.forced_tool_choice), body.n,
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage)
+
+    return await _generate_unless_gone(request, body, writer, "chatcmpl")
 
 
 @router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest) -> Response:
-    shape = CompletionShape(echo_text=(body.prompt if isinstance(body.prompt, str) else "") if body.echo else None)
-    if body.echo and isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-        shape.echo_text = body.prompt[0]
-    return await _generate_unless_gone(request, body, shape, "cmpl")
+    echo = None
+    if body.echo:  # a token-id prompt's text comes back from the engine with its admission (Responder.admitted)
+        echo = body.prompt if isinstance(body.prompt, str) else ""
+        if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+            echo = body.prompt[0]
+
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        return Responder(request_id, model_id, CompletionShape(echo_text=echo), body.n,
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage)
+
+    return await _generate_unless_gone(request, body, writer, "cmpl")
+
+
+@router.post("/v1/responses", responses=_STREAMED)
+async def create_response(request: Request, body: ResponsesRequest) -> Response:
+    """The Responses API, served as the chat completion it amounts to (app/responses_request.py)."""
+    chat = body.to_chat()
+    settings = summary(body)
+
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        return ResponsesWriter(Responder(request_id, model_id, ChatShape(chat.forced_tool_choice), 1), settings)
+
+    try:
+        return await _generate_unless_gone(request, chat, writer, "resp")
+    except InvalidRequest as err:  # chat's refusal, about a parameter the client sent under its Responses name
+        raise type(err)(err.message, param=responses_param(err.param), retry_after_s=err.retry_after_s) from None
 
 
 @router.get("/v1/models")
@@ -107,26 +138,31 @@ def _model_card(model: ModelConfig) -> dict[str, Any]:
 
 
 async def _generate_unless_gone(
-    request: Request, body: ChatCompletionRequest | CompletionRequest, shape: ChatShape | CompletionShape, prefix: str
+    request: Request, body: ChatCompletionRequest | CompletionRequest, writer: WriterFactory, prefix: str
 ) -> Response:
-    work = _generate(request, body, shape, prefix)
+    work = _generate(request, body, writer, prefix)
     return await (work if _state(request).behind_serve_proxy else _cancel_on_disconnect(request, work))
 
 
 async def _generate(
-    request: Request, body: ChatCompletionRequest | CompletionRequest, shape: ChatShape | CompletionShape, prefix: str
+    request: Request, body: ChatCompletionRequest | CompletionRequest, make_writer: WriterFactory, prefix: str
 ) -> Response:
     state = _state(request)
     model, backend = state.backend_for(body.model)
     request.state.model = model.id
-    prompt, params = body.to_prompt(model.limits), body.to_params(model.limits)
+    prompt = body.to_prompt(model.limits)
+    params = (
+        body.to_params(model.limits, model.engine.tool_call_parser)
+        if isinstance(body, ChatCompletionRequest)
+        else body.to_params(model.limits)
+    )
     targets = client_targets(request.headers, stream=bool(body.stream))
     engine_request = GenerateRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex}",
         prompt=prompt,
         params=params,
         timeout_s=state.config.service.request_timeout_s,
-        want_prompt_text=isinstance(shape, CompletionShape) and shape.echo_text is not None,
+        want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
         trace_id=request.state.request_id,
         ttft_target_s=targets.first_token_s,
         finish_target_s=targets.finish_s,
@@ -138,18 +174,15 @@ async def _generate(
     except BaseException:
         await stream.aclose()
         raise
-    if isinstance(shape, CompletionShape) and admitted.prompt_text is not None:
-        shape.echo_text = admitted.prompt_text
-    responder = Responder(engine_request.request_id, model.id, shape, params.n, include_usage=body.include_usage,
-                          continuous_usage=body.continuous_usage)
-    responder.admitted(admitted)
+    writer = make_writer(engine_request.request_id, model.id)
+    writer.admitted(admitted)
     if body.stream:
         return StreamingResponse(
-            _events(responder, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+            _events(writer, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
         )
     timer.token(time.perf_counter())
     try:
-        result = await responder.collect(stream)
+        result = await writer.collect(stream)
         timer.done(time.perf_counter())
         return JSONBody(result)
     finally:
@@ -159,31 +192,39 @@ async def _generate(
 
 
 async def _events(
-    responder: Responder, stream: AsyncGenerator[Any, None], timer: RequestTimer, endpoint: str
+    writer: StreamWriter, stream: AsyncGenerator[Any, None], timer: RequestTimer, endpoint: str
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE body of a stream. Closing the stream (client gone) aborts the engine request."""
+    """The SSE body of a stream, whichever API's events `writer` makes. Closing the stream (client gone) aborts
+    the engine request."""
     clock = time.perf_counter
+    frame = sse.named_event if writer.named_events else sse.event
     ended = False
     try:
+        for event in writer.opening():
+            yield frame(event)
         async for delta in stream:
             timer.token(clock())
-            yield sse.event(responder.chunk(delta))
-        if responder.include_usage:
-            yield sse.event(responder.usage_chunk())
+            for event in writer.events(delta):
+                yield frame(event)
+        for event in writer.closing():
+            yield frame(event)
         timer.done(clock())
         ended = True
     except ServiceError as err:
         ended = True
-        yield sse.error_event(err.body())
+        for event in writer.error_events(err.body()):
+            yield frame(event)
     except Exception:
         ended = True
-        log.exception("stream %s failed", responder.request_id)
-        yield sse.error_event(InternalError("The stream failed on the server; it has been logged").body())
+        log.exception("stream %s failed", writer.request_id)
+        for event in writer.error_events(InternalError("The stream failed on the server; it has been logged").body()):
+            yield frame(event)
     finally:
         if not ended:
             timer.client_left(endpoint)
         await stream.aclose()
-    yield sse.DONE
+    if writer.ends_with_done:
+        yield sse.DONE
 
 
 async def _cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:

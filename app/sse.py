@@ -19,6 +19,11 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + dumps(payload) + b"\n\n"
 
 
+def named_event(payload: dict[str, Any]) -> bytes:
+    """An event that also names its type (`event: <payload's type>`), as the Responses API sends each."""
+    return b"event: " + str(payload["type"]).encode() + b"\ndata: " + dumps(payload) + b"\n\n"
+
+
 def error_event(body: dict[str, Any]) -> bytes:
     """An error after the 200 was sent: the OpenAI error object as one event; `DONE` follows."""
     return event(body)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -40,6 +41,7 @@ from app.engine import (
 from app.errors import InvalidRequest
 from app.model_store import resolve_source
 from app.precision import Dtype, PrecisionChoice, resolve_cpu_precision
+from app.vllm_tool_parsing import AutoToolCalls, parser_class
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ _NAMED_PARAMETERS = (
 )
 
 
-def _refusal(err: Exception) -> Exception:
+def _refusal(err: Exception, params: GenerationParams | None = None) -> Exception:
     """vLLM's refusal of a request as an error for the client: `InvalidRequest` naming the parameter when vLLM
     names one of ours (`VLLMValidationError.parameter`, or the first word of its message, as in "min_tokens must
     be less than or equal to max_tokens=..."), `EngineRejected` otherwise."""
@@ -160,8 +162,16 @@ def _refusal(err: Exception) -> Exception:
         first = message.split(" ", 1)[0]
         param = first if first in _NAMED_PARAMETERS else None
     if param is None:
-        return EngineRejected(message)
+        return _rejected(message, params)
     return InvalidRequest(message, param=param)
+
+
+def _rejected(message: str, params: GenerationParams | None) -> Exception:
+    """A refusal vLLM did not attribute. A schema that forces tool calls is the `tools`' fault, which only the
+    parameters know (the host would name `response_format`); anything else stays `EngineRejected`."""
+    if params is not None and params.json_schema is not None and params.json_schema_param != "response_format":
+        return InvalidRequest(f"the engine could not use this schema: {message}", param=params.json_schema_param)
+    return EngineRejected(message)
 
 
 def _finite(logprob: float) -> float:
@@ -219,6 +229,11 @@ def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = Fa
     )
 
 
+def _with_tool_calls(delta: ChoiceDelta, completion: Any, parsers: list[AutoToolCalls]) -> ChoiceDelta:
+    content, calls = parsers[completion.index].feed(completion.text, list(completion.token_ids))
+    return replace(delta, text=content, tool_calls=calls)
+
+
 class VLLMEngine:
     def __init__(self, model: ModelConfig):
         self._model = model
@@ -228,6 +243,8 @@ class VLLMEngine:
         self._precision: PrecisionChoice | None = None
         self._max_token_chars = 1
         self._cores: CorePlan | None = None
+        name = model.engine.tool_call_parser
+        self._tool_parser = parser_class(name) if name else None  # an unknown name fails the replica's start
 
     def start(self) -> None:
         model = self._model
@@ -277,8 +294,10 @@ class VLLMEngine:
     def max_token_chars(self) -> int:
         return self._max_token_chars
 
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        text = self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        text = self._tokenizer.apply_chat_template(
+            list(messages), tools=tools or None, tokenize=False, add_generation_prompt=True
+        )
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
@@ -290,19 +309,23 @@ class VLLMEngine:
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
+        parsers = self._auto_tool_calls(params)
+        if parsers:
+            params = replace(params, skip_special_tokens=parsers[0].adjust(params.skip_special_tokens))
         try:
             sampling = _sampling_params(params)
         except (VLLMValidationError, ValueError) as err:
-            raise _refusal(err) from None
+            raise _refusal(err, params) from None
         stop_in_text = params.include_stop_str_in_output
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             async for out in self.llm.generate(prompt, sampling, request_id):
-                yield GenerationDelta(
-                    choices=tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
-                )
+                choices = tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
+                if parsers:
+                    choices = tuple(_with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))
+                yield GenerationDelta(choices=choices)
         except VLLMValidationError as err:
-            raise _refusal(err) from None
+            raise _refusal(err, params) from None
         except EngineDeadError as err:
             raise EngineDead(f"the engine failed: {err}") from None
         except EngineGenerateError as err:
@@ -317,8 +340,15 @@ class VLLMEngine:
             if isinstance(
                 cause, (ValueError, TypeError)
             ):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
-                raise EngineRejected(f"the engine could not take this request: {cause}") from None
+                raise _rejected(f"the engine could not take this request: {cause}", params) from None
             raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
+
+    def _auto_tool_calls(self, params: GenerationParams) -> list[AutoToolCalls]:
+        """One parser per choice for tool_choice "auto" (the protocol refuses "auto" unless the config names a
+        parser, so one is there)."""
+        if params.auto_tools is None or self._tool_parser is None:
+            return []
+        return [AutoToolCalls(self._tool_parser, self._tokenizer, params.auto_tools) for _ in range(params.n)]
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and not self._llm.errored:

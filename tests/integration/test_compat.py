@@ -288,7 +288,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "description": "
 
 
 @pytest.mark.parametrize("name, kwargs", [
-    ("tools", {"tools": [TOOL]}),
+    ("functions", {"functions": [TOOL["function"]]}),  # OpenAI's deprecated form of tools
     ("prediction", {"prediction": {"type": "content", "content": "Paris"}}),
     ("foo", {"extra_body": {"foo": 1}}),
 ])

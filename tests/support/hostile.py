@@ -171,10 +171,13 @@ def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_0
         Hostile("message-not-object", CHAT, messages(["Hi"]), param="messages"),
         Hostile("message-role-missing", CHAT, messages([{"content": "Hi"}]), param="messages"),
         Hostile("role-unknown", CHAT, messages([{"role": "robot", "content": "Hi"}]), param="messages"),
-        Hostile("role-tool", CHAT, messages([{"role": "tool", "content": "Hi", "tool_call_id": "1"}]),
+        Hostile("tool-call-id-not-a-string", CHAT, messages([{"role": "tool", "content": "Hi", "tool_call_id": 1}]),
+                param="messages"),
+        Hostile("assistant-tool-calls-not-a-list", CHAT, messages([{"role": "assistant", "tool_calls": "f()"}]),
                 param="messages"),
         Hostile("role-wrong-case", CHAT, messages([{"role": "USER", "content": "Hi"}]), param="messages"),
-        Hostile("message-unknown-key", CHAT, messages([{**user_hi, "x": 1}]), param="messages"),
+        # accepted and left out of the prompt, as vLLM does
+        Hostile("message-unknown-key", CHAT, messages([{**user_hi, "x": 1}]), statuses=(200,)),
         Hostile("content-image-part", CHAT, chat(content=[{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]),
                 param="messages"),
         Hostile("content-part-without-text", CHAT, chat(content=[{"type": "text"}]), param="messages"),
@@ -216,8 +219,21 @@ def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_0
         Hostile("model-empty", CHAT, as_json(small_chat("")), statuses=(400, 404), param="model"),
         Hostile("model-path-traversal", CHAT, as_json(small_chat("../../etc/passwd")), statuses=(404,), param="model"),
         Hostile("unknown-parameter", CHAT, chat(frobnicate=True), param="frobnicate"),
-        Hostile("unsupported-tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+        # tools: "auto" (the default with tools) needs a tool-call parser the test models do not have
+        Hostile("tools-auto-without-parser", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+                param="tool_choice"),
+        Hostile("tools-empty", CHAT, chat(tools=[]), param="tools"),
+        Hostile("tools-schema-not-a-schema", CHAT, chat(tool_choice="required", tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": 5}}}]),
                 param="tools"),
+        Hostile("tools-schema-nested-65", CHAT, chat(tool_choice="required", tools=[{"type": "function", "function": {
+            "name": "f", "parameters": json.loads(_nested(65, '{"items":', "}", "{}"))}}]), param="tools"),
+        Hostile("tools-too-many", CHAT, chat(tool_choice="required", tools=[
+            {"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]), param="tools"),
+        Hostile("tool-choice-unknown-function", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                           tool_choice={"type": "function", "function": {"name": "g"}}),
+                param="tool_choice"),
+        Hostile("tool-choice-without-tools", CHAT, chat(tool_choice="required"), param="tool_choice"),
         Hostile("stream-options-without-stream", CHAT, chat(stream_options={"include_usage": True}),
                 param="stream_options"),
         Hostile("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), param="top_logprobs"),

@@ -239,7 +239,15 @@ CHAT_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy]] = {
     "user": (st.text(max_size=10), _json),
     "stream_options": (st.fixed_dictionaries({"include_usage": st.booleans()}), _json),
     "max_completion_tokens": (st.integers(1, 64), _json),
-    "tools": (st.just([]), st.lists(st.fixed_dictionaries({"type": st.just("function")}), min_size=1, max_size=2)),
+    "tools": (st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.sampled_from(["f", "g"])}, optional={"parameters": st.sampled_from([
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 2}}}])})}), min_size=1, max_size=2),
+              st.one_of(st.just([]), st.lists(st.fixed_dictionaries({"type": st.just("function")},
+                                                                    optional={"function": _json}), max_size=2),
+                        _json)),
+    "tool_choice": (st.sampled_from(["none", "required", {"type": "function", "function": {"name": "f"}}]), _json),
+    "parallel_tool_calls": (st.booleans(), _json),
     # vLLM's sampling extensions: in range (ids within the fake engine's 256-id vocabulary), and hostile
     "top_k": (st.integers(-1, 300), st.one_of(st.integers(max_value=-2), st.integers(min_value=2**31), _json)),
     "min_p": (st.floats(0, 1), st.one_of(st.floats(), st.floats(1.0001, 1e300), _json)),

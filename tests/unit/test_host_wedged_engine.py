@@ -345,14 +345,43 @@ async def test_a_failed_restart_fails_the_health_check_so_serve_replaces_the_rep
     first = SteppedEngine()
     host = _host(first, factory)
     first.kill()
-    with pytest.raises(RuntimeError):
-        await host.check_health()  # found dead here: the restart begins...
-        await until(lambda: factory.built and host._restart is not None and host._restart.done(),
-                    what="the restart attempted")
-        await host.check_health()  # ...and fails: unhealthy
-    assert host.routing_stats()["serving"] is False
+    await host.check_health()  # found dead here: the restart begins, and the replica is healthy meanwhile
+
+    async def fails() -> bool:
+        try:
+            await host.check_health()
+        except RuntimeError as err:
+            return "restart" in str(err) and "weights missing" in str(err)
+        return False
+
+    await until(fails, what="the health check failing once the restart failed")
+    assert factory.built and host.routing_stats()["serving"] is False
     with pytest.raises(ServiceUnavailable):
         await anext(host.generate(make_request("hello")))
+
+
+async def test_a_restart_past_its_deadline_fails_the_health_check(monkeypatch):
+    monkeypatch.setattr("app.host.RESTART_MIN_DEADLINE_S", 0.3)
+    gate = threading.Event()
+    factory = Factory(start_blocks=gate)
+    first = SteppedEngine()
+    host = _host(first, factory)
+    first.kill()
+    await host.check_health()  # found dead: the restart begins, and passes while within its deadline
+    try:
+        await until(lambda: factory.built, what="a new engine built")
+        await host.check_health()
+
+        async def fails() -> bool:
+            try:
+                await host.check_health()
+            except RuntimeError as err:
+                return "not done" in str(err)
+            return False
+
+        await until(fails, what="the health check failing past the restart's deadline")
+    finally:
+        gate.set()  # let the start thread end
 
 
 async def test_a_crash_loop_is_left_to_serve():

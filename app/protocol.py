@@ -37,6 +37,9 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 # Bounds on tools (vLLM has none): every tool's schema goes into the chat template, and with a forced choice into a
 # grammar the engine compiles per request.
 MAX_TOOLS = 128
+# A completions batch (vLLM: unbounded): each prompt is an engine request of its own, admitted like any other.
+MAX_BATCH_PROMPTS = 32
+MAX_BATCH_CHOICES = 64  # prompts x n
 MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit
 MAX_TOOLS_SCHEMA_CHARS = 65_536  # the tools' parameter schemas together, as compact JSON
 # Known OpenAI parameters this service does not implement: a 400 that says so. (Chat takes tools; completions
@@ -572,26 +575,63 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | Annotated[list[str], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+    # One prompt (text, or token ids) or a batch of them (texts, or token-id lists), as vLLM takes them.
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    )
     max_tokens: int | None = Field(None, ge=1)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
 
-    def to_prompt(self, limits: LimitsConfig) -> PromptInput:
+    def to_prompts(self, limits: LimitsConfig) -> list[PromptInput]:
+        """Every prompt of the request (one, or a batch of up to MAX_BATCH_PROMPTS), in order."""
         p = self.prompt
+        batch: list[Any]
+        if isinstance(p, str) or all(isinstance(x, int) for x in p):
+            batch = [p]  # one prompt: text, or token ids
+        else:
+            batch = list(p)
+        if len(batch) > MAX_BATCH_PROMPTS:
+            raise InvalidRequest(
+                f"'prompt' has {len(batch)} prompts; at most {MAX_BATCH_PROMPTS} are allowed in one request",
+                param="prompt",
+            )
+        if len(batch) * self.n > MAX_BATCH_CHOICES:
+            raise InvalidRequest(
+                f"{len(batch)} prompts with n={self.n} make {len(batch) * self.n} choices; at most "
+                f"{MAX_BATCH_CHOICES} are allowed in one request",
+                param="n",
+            )
+        prompts = []
+        for item in batch:
+            if isinstance(item, str):
+                prompts.append(PromptInput(text=item))
+                continue
+            if any(t < 0 for t in item):
+                raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
+            prompts.append(PromptInput(token_ids=tuple(item)))
+        return prompts
+
+    def to_prompt(self, limits: LimitsConfig) -> PromptInput:
+        """The one prompt of a request that has one."""
+        prompts = self.to_prompts(limits)
+        if len(prompts) != 1:
+            raise InvalidRequest("this operation takes one prompt", param="prompt")
+        return prompts[0]
+
+    @property
+    def echo_texts(self) -> list[str | None]:
+        """With `echo`, each prompt's text as far as the request has it (a token-id prompt's comes back from the
+        engine with its admission); without, none."""
+        p = self.prompt
+        if not self.echo:
+            return []
         if isinstance(p, str):
-            return PromptInput(text=p)
-        texts = [x for x in p if isinstance(x, str)]
-        if texts:
-            if len(p) != 1:
-                raise UnsupportedParameter(
-                    "batched prompts are not supported; send one prompt per request", param="prompt"
-                )
-            return PromptInput(text=texts[0])
-        token_ids = tuple(x for x in p if isinstance(x, int))
-        if any(t < 0 for t in token_ids):
-            raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
-        return PromptInput(token_ids=token_ids)
+            return [p]
+        return [x if isinstance(x, str) else None for x in p] if not all(isinstance(x, int) for x in p) else [None]
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
         return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")

@@ -47,15 +47,11 @@ class ResponsesWriter:
         return self.chat.request_id
 
     @property
-    def include_usage(self) -> bool:
-        return True
-
-    @property
     def _id(self) -> str:
         return "resp_" + self.chat.request_id.split("-", 1)[-1]
 
-    def admitted(self, item: Admitted) -> None:
-        self.chat.admitted(item)
+    def admitted(self, item: Admitted, *more: Admitted) -> None:
+        self.chat.admitted(item, *more)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}

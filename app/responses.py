@@ -102,12 +102,24 @@ def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
 
 
 class CompletionShape:
+    """Completions' choices. With `echo`, each choice's text starts with its prompt's: `echo_texts` by prompt
+    (a batch's choice i * n + j is prompt i's), filled in for token-id prompts once the engine decoded them."""
+
     object_full = "text_completion"
     object_chunk = "text_completion"
 
-    def __init__(self, echo_text: str | None = None):
-        self.echo_text = echo_text
+    def __init__(self, echo_text: str | None = None, n: int = 1, echo_texts: list[str | None] | None = None):
+        self.n = n
+        self.echo_texts: list[str | None] = list(echo_texts) if echo_texts is not None else [echo_text]
         self._offsets: dict[int, int] = {}  # choice index -> where its next streamed text starts
+
+    @property
+    def echo_text(self) -> str | None:
+        return self.echo_texts[0] if self.echo_texts else None
+
+    def _echo(self, index: int) -> str:
+        prompt = index // self.n
+        return (self.echo_texts[prompt] if prompt < len(self.echo_texts) else None) or ""
 
     @staticmethod
     def logprobs(lps: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
@@ -123,8 +135,9 @@ class CompletionShape:
         }
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
-        text = (self.echo_text or "") + c.text if first else c.text
-        start = self._offsets.get(c.index, len(self.echo_text or ""))  # text_offset counts from the choice's whole text
+        echo = self._echo(c.index)
+        text = echo + c.text if first else c.text
+        start = self._offsets.get(c.index, len(echo))  # text_offset counts from the choice's whole text
         self._offsets[c.index] = start + len(c.text)
         return {
             "index": c.index,
@@ -134,10 +147,11 @@ class CompletionShape:
         }
 
     def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
+        echo = self._echo(acc.index)
         return {
             "index": acc.index,
-            "text": (self.echo_text or "") + acc.text,
-            "logprobs": self.logprobs(acc.logprobs, len(self.echo_text or "")) if acc.logprobs is not None else None,
+            "text": echo + acc.text,
+            "logprobs": self.logprobs(acc.logprobs, len(echo)) if acc.logprobs is not None else None,
             "finish_reason": acc.finish_reason,
         }
 
@@ -153,7 +167,9 @@ class StreamWriter(Protocol):
     @property
     def request_id(self) -> str: ...
 
-    def admitted(self, item: Admitted) -> None: ...
+    def admitted(self, item: Admitted, *more: Admitted) -> None:
+        """`more`: the admissions of a batch's other prompts, in order."""
+        ...
 
     def opening(self) -> list[dict[str, Any]]: ...
 
@@ -195,10 +211,14 @@ class Responder:
     named_events = False  # chat and completions events are plain `data:` lines
     ends_with_done = True  # then `data: [DONE]`
 
-    def admitted(self, item: Admitted) -> None:
-        self.prompt_tokens = item.prompt_tokens
-        if isinstance(self.shape, CompletionShape) and item.prompt_text is not None:
-            self.shape.echo_text = item.prompt_text  # echo of a token-id prompt: its text, decoded by the engine
+    def admitted(self, item: Admitted, *more: Admitted) -> None:
+        """`more`: a batch's other prompts; usage counts every prompt's tokens, as vLLM's does."""
+        items = (item, *more)
+        self.prompt_tokens = sum(i.prompt_tokens for i in items)
+        if isinstance(self.shape, CompletionShape):
+            for prompt, i in enumerate(items):
+                if i.prompt_text is not None and prompt < len(self.shape.echo_texts):
+                    self.shape.echo_texts[prompt] = i.prompt_text  # a token-id prompt's text, decoded by the engine
 
     def _absorb(self, c: ChoiceDelta) -> _ChoiceState:
         acc = self._choices[c.index]

@@ -20,10 +20,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from app import sse
+from app import batch_stream, sse
 from app.client_targets import client_targets
 from app.config import ModelConfig
-from app.engine import Admitted, GenerateRequest, PromptInput
+from app.engine import GenerateRequest, PromptInput
 from app.errors import InternalError, InvalidRequest, ServiceError
 from app.ingress_state import IngressState
 from app.metrics import RequestTimer
@@ -62,17 +62,20 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 
 @router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest) -> Response:
-    echo = None
-    if body.echo:  # a token-id prompt's text comes back from the engine with its admission (Responder.admitted)
-        echo = body.prompt if isinstance(body.prompt, str) else ""
-        if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-            echo = body.prompt[0]
+    prompts = len(body.echo_texts) if body.echo else 0
 
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        return Responder(request_id, model_id, CompletionShape(echo_text=echo), body.n,
+        # A batch's choices: prompt i's choice j is choice i * n + j (app/batch_stream.py).
+        shape = CompletionShape(n=body.n, echo_texts=body.echo_texts)
+        choices = body.n * max(prompts, len(body.prompt) if _is_batch(body) else 1)
+        return Responder(request_id, model_id, shape, choices,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage)
 
     return await _generate_unless_gone(request, body, writer, "cmpl")
+
+
+def _is_batch(body: CompletionRequest) -> bool:
+    return isinstance(body.prompt, list) and not all(isinstance(x, int) for x in body.prompt)
 
 
 @router.post("/v1/responses", responses=_STREAMED)
@@ -150,32 +153,44 @@ async def _generate(
     state = _state(request)
     model, backend = state.backend_for(body.model)
     request.state.model = model.id
-    prompt = body.to_prompt(model.limits)
-    params = (
-        body.to_params(model.limits, model.engine.tool_call_parser)
-        if isinstance(body, ChatCompletionRequest)
-        else body.to_params(model.limits)
-    )
+    if isinstance(body, ChatCompletionRequest):
+        prompts = [body.to_prompt(model.limits)]
+        params = body.to_params(model.limits, model.engine.tool_call_parser)
+    else:
+        prompts, params = body.to_prompts(model.limits), body.to_params(model.limits)
     targets = client_targets(request.headers, stream=bool(body.stream))
-    engine_request = GenerateRequest(
-        request_id=f"{prefix}-{uuid.uuid4().hex}",
-        prompt=prompt,
-        params=params,
-        timeout_s=state.config.service.request_timeout_s,
-        want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
-        trace_id=request.state.request_id,
-        ttft_target_s=targets.first_token_s,
-        finish_target_s=targets.finish_s,
-    )
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    engine_requests = [
+        GenerateRequest(
+            # a batch's prompts are engine requests of their own, each with its own id
+            request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            prompt=prompt,
+            params=params,
+            timeout_s=state.config.service.request_timeout_s,
+            want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
+            trace_id=request.state.request_id,
+            ttft_target_s=targets.first_token_s,
+            finish_target_s=targets.finish_s,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
-    stream = state.capacity.track(model.id, backend.generate(engine_request))  # a full service refuses here
-    try:
-        admitted: Admitted = await anext(stream)  # validation and admission errors surface here, before the 200
-    except BaseException:
-        await stream.aclose()
-        raise
-    writer = make_writer(engine_request.request_id, model.id)
-    writer.admitted(admitted)
+    streams = [state.capacity.track(model.id, backend.generate(r)) for r in engine_requests]  # full: refused here
+    # Validation and admission errors surface here, before the 200.
+    stream: AsyncGenerator[Any, None]
+    if len(streams) == 1:
+        stream = streams[0]
+        try:
+            admitted = [await anext(stream)]
+        except BaseException:
+            await stream.aclose()
+            raise
+    else:
+        batch = batch_stream.Batch(streams, params.n)
+        admitted = await batch.admitted()  # all of them, or the first refusal (the others then aborted)
+        stream = batch.deltas()
+    writer = make_writer(request_id, model.id)
+    writer.admitted(*admitted)
     if body.stream:
         return StreamingResponse(
             _events(writer, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS

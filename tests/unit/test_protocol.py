@@ -178,9 +178,13 @@ def test_completion_prompt_forms():
         completion(prompt=[1, -2]).to_prompt(LIMITS)
 
 
-def test_batched_prompts_unsupported():
-    with invalid("prompt", UnsupportedParameter):
-        completion(prompt=["a", "b"]).to_prompt(LIMITS)
+def test_batched_prompts_are_each_a_prompt():
+    # (the batch through the stack: tests/unit/test_completion_batches.py)
+    assert completion(prompt=["a", "b"]).to_prompts(LIMITS) == [PromptInput(text="a"), PromptInput(text="b")]
+    assert completion(prompt=[[1], [2, 3]]).to_prompts(LIMITS) == [PromptInput(token_ids=(1,)),
+                                                                    PromptInput(token_ids=(2, 3))]
+    with invalid("prompt"):
+        completion(prompt=["a", "b"]).to_prompt(LIMITS)  # one prompt wanted
 
 
 # -- response_format, stream options, sampling --------------------------------------

@@ -163,7 +163,7 @@ class EngineHost:
             pace=EnginePace(),
         )
         self.prompts = PromptTokenizer(model, engine, queue_full_class(service.refusal_status))
-        self.watch = progress_watch or ProgressWatch(step_tokens=model.engine.max_num_batched_tokens)
+        self.watch = progress_watch or ProgressWatch()
         self._ready = threading.Event()
         self._start_error: str | None = None
         self._broken: str | None = None  # why the current engine cannot serve (died, wedged); None while it can
@@ -340,7 +340,7 @@ class EngineHost:
                     except StopAsyncIteration:
                         finished = True
                         return
-                watch.output()
+                watch.output(request_id)
                 yield delta
         except TimeoutError:
             if self._stopped(engine):

@@ -8,26 +8,20 @@ token counters) within a bound derived from what is in flight. Past the bound it
 
 The bound, and why it never trips on a busy engine:
 
-- An engine step emits a token for every request that is decoding, and the first token of every request
-  whose prefill the step completes. So the longest stretch with no output at all is the steps spent
-  prefilling before any request can emit: at most the prompt tokens one step takes (vLLM's
-  `max_num_batched_tokens`; chunked prefill spreads a longer prompt over several steps, none of which emits),
-  or the longest prompt in flight when it is longer, and never more than all the prompt tokens in flight
-  (`prefill_tokens`). 32 prompts of 2048 tokens (configs/cpu.yaml's full context) do not add up: once the
-  first is prefilled it emits a token every step while the others prefill behind it.
-- That many tokens over the measured prefill rate (`EnginePace`'s fit of first-token time against the
-  prefill backlog), times `margin` (3: the rate is fitted on the prompts seen so far, attention makes a
-  long prompt slower per token than a short one, and a neighbour may take the core), plus `floor_s`.
-- `floor_s` (30 s) covers what is not prefill: a decode step at a full batch (~0.1-0.3 s here), the Python
-  front end, a GC pause, a CPU starved by another process. It is also what detection costs when the bound
-  is short: a wedged engine is declared within `floor_s` + one tick of its last output.
-- The rate trusted is the slowest the pace has reported since it measured one, and never below
-  `UNMEASURED_PREFILL_TOKENS_PER_S` (100 tokens/s, far below what this CPU prefills), which is also the
-  rate before any is measured: a fresh engine gets a generous bound, not a guess. The slowest, because the
-  pace's fit serves predictions, not this: with concurrent arrivals it moves prefill time into its batch
-  term, and the unit test's fake engine, prefilling at 20k tokens/s, was reported at 18k after requests one
-  at a time and 126k after four at once. A rate that can only fall makes the bound only longer.
-
+- Nothing can keep every request from emitting for longer than it takes to prefill the prompts still waiting
+  for their first output (`prefill_tokens`: those of the requests in flight the host has seen no output
+  of): once any of them is prefilled it emits, and a decoding request emits every step. That sum, over the
+  measured prefill rate (`EnginePace`'s fit of first-token time against the prefill backlog), times
+  `margin` (2: the rate is fitted on the prompts seen so far, and attention makes a long prompt slower per
+  token than a short one), plus `floor_s`. A tighter model (one engine step's worth of prefill: vLLM
+  emits a token for every decoding request each step) was wrong on the real engine: 32 prompts of 1912
+  tokens (configs/cpu.yaml's context is 2048) went 16.3 s with no output at all, 14 steps' worth at the
+  1781 tokens/s measured then (scripts/engine_restart_probe.py, 16:40 run). For 32 prompts at the full
+  context the bound is 30 s + 2 x 65,536 tokens over the rate: ~104 s at 1781 tokens/s.
+- `floor_s` (30 s) covers what is not prefill: a decode step at a full batch (~0.1-0.3 s here), the
+  recompute of a preempted request, the Python front end, a GC pause, a CPU starved by another process.
+  It is also what detection costs when nothing waits for prefill (the usual case: requests decoding): a
+  wedged engine is declared within `floor_s` + one tick of its last output (31.6 s measured for SIGSTOP).
 Progress is read two ways because either alone misleads: the host sees a request's output only when its
 consumer pulls it (a client that reads slowly would look like a stall), and the engine's counters move
 only when it emits. A client slower than the engine is not a stall either: with no unfinished request in
@@ -47,11 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 FLOOR_S = 30.0
-MARGIN = 3.0
+MARGIN = 2.0
 UNMEASURED_PREFILL_TOKENS_PER_S = 100.0
-# The prompt tokens one engine step may prefill when the model's config does not say (`max_num_batched_tokens`
-# unset): the largest of vLLM 0.32's own defaults (2048-4096 on a CPU, up to 16384 on large GPUs).
-DEFAULT_STEP_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -77,16 +68,15 @@ class ProgressWatch:
         self,
         floor_s: float = FLOOR_S,
         margin: float = MARGIN,
-        step_tokens: int | None = None,
         unmeasured_prefill_tokens_per_s: float = UNMEASURED_PREFILL_TOKENS_PER_S,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.floor_s = floor_s
         self.margin = margin
-        self.step_tokens = step_tokens or DEFAULT_STEP_TOKENS
         self.unmeasured_prefill_tokens_per_s = unmeasured_prefill_tokens_per_s
         self._clock = clock
         self._prompts: dict[str, int] = {}  # request id -> prompt tokens, for requests handed to the engine
+        self._unprefilled: dict[str, int] = {}  # those of them with no output seen yet
         self._quiet_since = clock()  # the last moment the engine was known to be making progress, or idle
         self._engine_tokens = -1  # the engine's own token counters at the last look
         self._slowest_rate: float | None = None  # the slowest prefill rate reported so far
@@ -94,9 +84,7 @@ class ProgressWatch:
 
     def renewed(self) -> ProgressWatch:
         """A watch with the same settings and rate, and nothing in flight, for a new engine."""
-        fresh = ProgressWatch(
-            self.floor_s, self.margin, self.step_tokens, self.unmeasured_prefill_tokens_per_s, self._clock
-        )
+        fresh = ProgressWatch(self.floor_s, self.margin, self.unmeasured_prefill_tokens_per_s, self._clock)
         fresh._slowest_rate = self._slowest_rate  # the same model on the same machine
         return fresh
 
@@ -107,14 +95,17 @@ class ProgressWatch:
         if not self._prompts:
             self._quiet_since = self._clock()  # an idle engine owed nothing until now
         self._prompts[request_id] = prompt_tokens
+        self._unprefilled[request_id] = prompt_tokens
 
-    def output(self) -> None:
-        """The host saw an output of some request."""
+    def output(self, request_id: str) -> None:
+        """The host saw an output of `request_id`: progress, and its prompt is prefilled."""
         self._quiet_since = self._clock()
+        self._unprefilled.pop(request_id, None)
 
     def left(self, request_id: str) -> None:
         """The request is out of the engine (finished, aborted, failed)."""
         self._prompts.pop(request_id, None)
+        self._unprefilled.pop(request_id, None)
 
     @property
     def in_flight(self) -> int:
@@ -126,10 +117,9 @@ class ProgressWatch:
     # -- judging ------------------------------------------------------------------------------
 
     def prefill_tokens(self) -> int:
-        """The most prompt tokens the engine may be prefilling with nothing to emit (see the module's text)."""
-        if not self._prompts:
-            return 0
-        return min(sum(self._prompts.values()), max(max(self._prompts.values()), self.step_tokens))
+        """The prompt tokens the engine may be prefilling with nothing to emit: those of the requests in it
+        with no output yet (see the module's text)."""
+        return sum(self._unprefilled.values())
 
     def bound_s(self, prefill_tokens_per_s: float | None) -> float:
         rate = self._rate(prefill_tokens_per_s)

@@ -23,31 +23,29 @@ def clock() -> Clock:
 
 
 def watch(clock: Clock, **kw) -> ProgressWatch:
-    kw = {"floor_s": 30.0, "margin": 3.0, "step_tokens": 2048, **kw}
+    kw = {"floor_s": 30.0, "margin": 2.0, **kw}
     return ProgressWatch(clock=clock, **kw)
 
 
-def test_bound_is_floor_plus_margin_times_one_step_of_prefill(clock):
+def test_bound_is_floor_plus_margin_times_the_prompts_waiting_for_their_first_output(clock):
     w = watch(clock)
     assert w.bound_s(1000.0) == 30.0  # nothing in flight: the floor
     w.entered("a", 500)
-    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 500 / 1000)
-    for i in range(32):  # 32 prompts at the full context: one step's prefill, not 32 prompts'
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 2.0 * 500 / 1000)
+    for i in range(32):  # 32 prompts at the full context, none with an output yet
         w.entered(f"full-{i}", 2048)
-    assert w.prefill_tokens() == 2048
-    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
+    assert w.prefill_tokens() == 500 + 32 * 2048
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 2.0 * (500 + 32 * 2048) / 1000)
+    for i in range(16):  # outputs of half of them: their prompts are prefilled, and it is progress
+        w.output(f"full-{i}")
+    w.left("a")
+    assert w.prefill_tokens() == 16 * 2048
+    for i in range(16, 32):
+        w.output(f"full-{i}")
+    assert w.prefill_tokens() == 0 and w.bound_s(1000.0) == 30.0  # all decoding: the floor
     fresh = watch(clock)  # no rate measured yet
     fresh.entered("full", 2048)
-    assert fresh.bound_s(None) == pytest.approx(30.0 + 3.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)
-
-
-def test_a_prompt_longer_than_a_step_counts_whole_and_small_prompts_count_as_they_are(clock):
-    w = watch(clock, step_tokens=512)
-    w.entered("long", 4000)  # chunked over several steps, none of which emits
-    w.entered("short", 10)
-    assert w.prefill_tokens() == 4000
-    w.left("long")
-    assert w.prefill_tokens() == 10  # all there is to prefill, below one step's worth
+    assert fresh.bound_s(None) == pytest.approx(30.0 + 2.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)
 
 
 def look(w: ProgressWatch, clock: Clock, seconds: float, tokens: int = 5, busy: bool = True,
@@ -83,9 +81,12 @@ def test_any_progress_restarts_the_clock(clock):
     bound = w.bound_s(None)
     for tokens in range(1, 6):  # the engine's counters move every 0.9 bound: slow, never stalled
         assert look(w, clock, 0.9 * bound, tokens=tokens, rate=None) is None
+    w.output("a")  # prefilled: the bound is the floor from now on
+    bound = w.bound_s(None)
+    assert bound == 10.0
     for _ in range(5):  # the host sees outputs every 0.9 bound, counters still
-        w.output()
         assert look(w, clock, 0.9 * bound, rate=None) is None
+        w.output("a")
     assert look(w, clock, 1.01 * bound, rate=None) is not None
 
 
@@ -118,17 +119,17 @@ def test_time_the_host_could_not_look_is_not_counted_against_the_engine(clock):
 
 
 def test_renewed_watch_keeps_the_settings_and_forgets_the_requests(clock):
-    w = watch(clock, floor_s=7.0, margin=2.0, step_tokens=99)
+    w = watch(clock, floor_s=7.0, margin=1.5)
     w.entered("a", 10)
     fresh = w.renewed()
-    assert (fresh.floor_s, fresh.margin, fresh.step_tokens, fresh.in_flight) == (7.0, 2.0, 99, 0)
+    assert (fresh.floor_s, fresh.margin, fresh.in_flight, fresh.prefill_tokens()) == (7.0, 1.5, 0, 0)
 
 
 def test_the_rate_trusted_is_the_slowest_reported_and_never_below_the_unmeasured_one(clock):
     w = watch(clock)
     w.entered("a", 2048)
-    assert w.bound_s(1000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
-    assert w.bound_s(50_000.0) == pytest.approx(30.0 + 3.0 * 2048 / 1000)  # a faster refit: the bound stays
-    assert w.bound_s(None) == pytest.approx(30.0 + 3.0 * 2048 / 1000)
-    assert w.bound_s(1.0) == pytest.approx(30.0 + 3.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)  # clamped
+    assert w.bound_s(1000.0) == pytest.approx(30.0 + 2.0 * 2048 / 1000)
+    assert w.bound_s(50_000.0) == pytest.approx(30.0 + 2.0 * 2048 / 1000)  # a faster refit: the bound stays
+    assert w.bound_s(None) == pytest.approx(30.0 + 2.0 * 2048 / 1000)
+    assert w.bound_s(1.0) == pytest.approx(30.0 + 2.0 * 2048 / UNMEASURED_PREFILL_TOKENS_PER_S)  # clamped
     assert w.renewed().bound_s(None) == pytest.approx(30.0)  # nothing in flight in the new one: the floor

@@ -16,12 +16,16 @@ from pathlib import Path
 
 import httpx
 
+from loadkit.bench.cluster_facts import config_changes, observed, wait_facts
 from loadkit.bench.load import SEED, Step, load_command, prompts_for, run_load, warmups_for
 from loadkit.bench.results import Launch, StepRecord
-from loadkit.bench.systems import MODEL_ID, Launchable, Variant, system_command, system_env
+from loadkit.bench.systems import MODEL_ID, Launchable, Variant, cluster_facts_path, system_command, system_env
 from loadkit.precision import resolved_dtype
 from loadkit.proctree import PeakSampler, ProcessTree
 from loadkit.service import ProcessGroup, free_port
+
+# `serve shutdown` of two engines, then three nodes stopped one by one (each may take its 40 s grace).
+CLUSTER_STOP_GRACE_S = 240.0
 
 
 def say(message: str) -> None:
@@ -77,12 +81,18 @@ def wait_ready(group: ProcessGroup, port: int, timeout_s: float) -> str | None:
     return f"not ready within {timeout_s:.0f} s (last: {last})"
 
 
+def trace_prefix(v: Variant, step: Step, round_: int) -> str:
+    """The X-Request-Id prefix of one load run's measured requests."""
+    return f"bench-{v.system}-{v.dtype}-c{step.concurrency}-r{round_}-"
+
+
 def _step(v: Variant, sweep: Sweep, port: int, sampler: PeakSampler, step: Step, round_: int) -> StepRecord:
     at = sweep.at
     n = prompts_for(v.system, step, sweep.num_prompts)
     name = f"{v.system}-{v.dtype}-c{step.concurrency}-r{round_}.json"
     cmd = load_command(at.repo, port, at.model_dir, step, n, sweep.input_len,
-                       warmups_for(v.system, step.concurrency, sweep.warmups), at.work, name, seed=SEED + round_)
+                       warmups_for(v.system, step.concurrency, sweep.warmups), at.work, name, seed=SEED + round_,
+                       request_id_prefix=trace_prefix(v, step, round_))
     timeout = sweep.run_timeout_s or max(300.0, 60 + n * step.output_len / 10.0)  # a floor of 10 output tok/s
     say(f"{v.key}: concurrency {step.concurrency}, {n} prompts, {sweep.input_len} in / {step.output_len} out tokens, "
         f"seed {SEED + round_}")
@@ -127,6 +137,21 @@ class Server:
         return self.group.stop(sigint_wait_s=sigint_wait_s, seen=seen).text()
 
 
+def _cluster_facts(v: Variant, sweep: Sweep, server: Server) -> dict | None:
+    """For `app-cluster`: what benchmarks/app_cluster.py wrote once every replica ran, and the config's changes."""
+    if v.system != "app-cluster":
+        return None
+    facts = wait_facts(cluster_facts_path(sweep.at.work, server.port), 120, server.group.running)
+    if facts is None:
+        say(f"{v.key}: no facts file from the cluster system")
+        return None
+    config = server.command[server.command.index("--serve-config") + 1]
+    facts["config_changes"] = config_changes(sweep.at.repo, Path(config))
+    say(f"{v.key}: cluster up in {facts['cluster_up_s']:.0f} s; every replica running "
+        f"{facts['deploy_to_ready_s']:.0f} s after serve deploy")
+    return facts
+
+
 def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[StepRecord]]:
     """One launch of `v`: every step once with round `round_`'s prompts (seed SEED + round_)."""
     at = sweep.at
@@ -149,13 +174,18 @@ def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[S
         launch.status = "ok"
         say(f"{v.key}: ready in {launch.startup_s:.0f} s, {launch.idle_rss_bytes / 2**30:.2f} GiB RSS"
             + (f", engine dtype {launch.resolved_dtype}" if launch.resolved_dtype else ""))
+        facts = _cluster_facts(v, sweep, server)
         for step in sweep.steps:
             records.append(_step(v, sweep, port, sampler, step, round_))
             if not group.running():
                 launch.status = f"exited with status {group.proc.returncode} during the benchmark"
                 say(f"{v.key}: {launch.status}")
                 break
+        if facts is not None:  # read while the cluster runs: its logs go with it
+            launch.cluster = observed(facts, {s.concurrency: trace_prefix(v, s, round_) for s in sweep.steps})
+            say(f"{v.key}: replicas {launch.cluster['engines']}; shares {launch.cluster['shares']}")
         return launch, records
     finally:
-        launch.stop_report = server.stop(sweep.stop_grace_s)
+        grace = max(sweep.stop_grace_s, CLUSTER_STOP_GRACE_S) if v.system == "app-cluster" else sweep.stop_grace_s
+        launch.stop_report = server.stop(grace)
         say(f"{v.key}: {launch.stop_report}")

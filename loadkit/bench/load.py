@@ -74,7 +74,11 @@ def repeats_text(chosen: int | None) -> str:
 
 
 def load_command(repo: Path, port: int, model_dir: str, step: Step, num_prompts: int, input_len: int, warmups: int,
-                 result_dir: Path, result_name: str, seed: int = SEED) -> list[str]:
+                 result_dir: Path, result_name: str, seed: int = SEED, request_id_prefix: str | None = None
+                 ) -> list[str]:
+    """`request_id_prefix`: the X-Request-Id of the measured requests is this plus their index (the warm-ups
+    send none), so a server's own log tells them apart."""
+    ids = [] if request_id_prefix is None else ["--request-id-prefix", request_id_prefix]
     return [sys.executable, str(repo / "benchmarks" / "vllm_bench_serve.py"), "--no-server-alignment",
             "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
             "--host", "127.0.0.1", "--port", str(port), "--model", MODEL_ID, "--tokenizer", model_dir,
@@ -84,7 +88,7 @@ def load_command(repo: Path, port: int, model_dir: str, step: Step, num_prompts:
             "--max-concurrency", str(step.concurrency), "--num-warmups", str(warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_name,
-            "--disable-tqdm"]
+            "--disable-tqdm", *ids]
 
 
 def run_load(repo: Path, cmd: list[str], log_path: Path, timeout_s: float) -> str | None:

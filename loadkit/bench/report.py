@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from loadkit.bench.cluster_tables import cluster_section
 from loadkit.bench.load import SEED, repeats_text, warmups_text
 from loadkit.bench.meta import ReportOptions, RunMeta
 from loadkit.bench.results import Row, SystemRun
@@ -173,6 +174,7 @@ def render(runs: list[SystemRun], opts: ReportOptions, meta: RunMeta, engine: En
     if len(opts.dtypes) > 1:
         lines += ["### Across precisions", "", *across_precisions(runs, opts.dtypes)]
     lines += _notes(runs, opts)
+    lines += cluster_section(runs)
     lines += ["## Per system: start, stop, errors", "", *stop_table(runs)]
     return "\n".join(lines + _footer(runs, meta, repo))
 

@@ -26,6 +26,7 @@ class Launch:
     status: str = "not run"  # ok | failed to start: ... | exited with status N during the benchmark
     stop_report: str = ""
     resolved_dtype: str | None = None  # what the engine said it computes in (what `auto` became)
+    cluster: dict | None = None  # app-cluster: timings, replicas and shares (cluster_facts.observed)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class SystemRun:
     status: str = "not run"
     stop_report: str = ""
     rows: list[Row] = field(default_factory=list)
+    clusters: list[dict] = field(default_factory=list)  # app-cluster: each round's launch facts
 
     @property
     def variant(self) -> Variant:
@@ -110,7 +112,8 @@ def pool_rounds(v: Variant, input_len: int, launches: list[Launch], records: lis
     run = SystemRun(system=v.system, dtype=v.dtype, port=first.port, command=first.command, log_path=first.log_path,
                     resolved_dtype=next((la.resolved_dtype for la in launches if la.resolved_dtype), None),
                     startup_s=first.startup_s, idle_rss_bytes=first.idle_rss_bytes, status=failed or "ok",
-                    stop_report="; ".join(dict.fromkeys(launch.stop_report for launch in launches)))
+                    stop_report="; ".join(dict.fromkeys(launch.stop_report for launch in launches)),
+                    clusters=[launch.cluster for launch in launches if launch.cluster])
     for c in dict.fromkeys(r.concurrency for r in records):
         mine = [r for r in records if r.concurrency == c]
         error = next((r.error for r in mine if r.error), None)

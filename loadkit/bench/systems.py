@@ -17,13 +17,14 @@ import yaml
 from loadkit.service import child_env
 
 MODEL_ID = "smollm2-135m-instruct"
-SYSTEMS = ("app", "app-proxy", "app-ingress", "vllm", "ray-llm", "naive")
+SYSTEMS = ("app", "app-proxy", "app-ingress", "app-cluster", "vllm", "ray-llm", "naive")
 DEFAULT_SYSTEMS = ("app", "vllm", "ray-llm", "naive")  # the ones the targets compare; `--systems all` for every one
-VLLM_BASED = ("app", "app-proxy", "app-ingress", "vllm", "ray-llm")
+VLLM_BASED = ("app", "app-proxy", "app-ingress", "app-cluster", "vllm", "ray-llm")
 LABELS = {
     "app": "this project",
     "app-proxy": "this project, via Serve proxy",
     "app-ingress": "this project, separate ingress",
+    "app-cluster": "this project, 2 replicas on 2 nodes behind Serve's proxy",
     "vllm": "bare vLLM",
     "ray-llm": "Ray Serve LLM",
     "naive": "naive baseline",
@@ -35,6 +36,10 @@ DESCRIPTIONS = {
                  "a Ray call (the KubeRay path; the 'before' of the replica listening itself)",
     "app-ingress": "the same with `service.colocate_ingress: false`: a separate ingress deployment, tokens cross a "
                    "Ray handle (the multi-model topology; the 'before' of colocation)",
+    "app-cluster": "`benchmarks/app_cluster.py`: a local multi-node Ray cluster (`python -m app cluster up`'s: a "
+                   "head and 2 worker nodes, each confined to its own core), the KubeRay CPU manifest's own "
+                   "serveConfigV2 deployed with `serve deploy`: Serve's proxy, 2 ingress replicas, 2 engine replicas "
+                   "one per worker node (the KubeRay path with two replicas; see 'Multi-replica topology')",
     "vllm": "`python -m vllm.entrypoints.openai.api_server` (vLLM's own OpenAI server, same install)",
     "ray-llm": "`benchmarks/ray_serve_llm.py` (`ray.serve.llm.build_openai_app`, Ray's OpenAI-compatible LLM app)",
     "naive": "`benchmarks/naive_fastapi.py` (FastAPI + transformers `generate` per request, `asyncio.Semaphore(2)`; "
@@ -132,10 +137,21 @@ class Launchable:
     shipped_admission: bool = False  # this project keeps configs/cpu.yaml's admission (see write_app_config)
 
 
+def cluster_facts_path(work: Path, port: int) -> Path:
+    """Where benchmarks/app_cluster.py writes the facts of the launch on `port` (its nodes, replicas, timings)."""
+    return work / f"app-cluster-{port}.cluster.json"
+
+
 def system_command(v: Variant, port: int, at: Launchable) -> list[str]:
     py, repo, engine = sys.executable, at.repo, replace(at.engine, dtype=v.dtype)
     served = ["--model", at.model_dir, "--served-model-name", MODEL_ID]
     listen = ["--host", "127.0.0.1", "--port", str(port)]
+    if v.system == "app-cluster":
+        from loadkit.bench.cluster_config import write_cluster_config  # it imports this module
+
+        config = write_cluster_config(repo, at.work, port, at.max_concurrency, at.max_output_len, engine)
+        return [py, str(repo / "benchmarks" / "app_cluster.py"), "--serve-config", str(config),
+                "--facts", str(cluster_facts_path(at.work, port))]
     if v.system in ("app", "app-proxy", "app-ingress"):
         config = write_app_config(repo, at.work, port, at.max_concurrency, at.max_output_len, engine,
                                   colocate=v.system != "app-ingress", shipped_admission=at.shipped_admission)

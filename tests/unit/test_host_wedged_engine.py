@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import psutil
 import pytest
 
@@ -24,9 +25,11 @@ from app.engine_processes import EngineProcesses
 from app.errors import ServiceUnavailable
 from app.fake_engine import FakeEngine
 from app.host import RESTART_LIMIT, EngineHost
+from app.ingress import create_app
 from app.metrics import Metrics
 from app.progress_watch import ProgressWatch
-from tests.support.fake_stack import MODEL_ID, make_config, make_request
+from tests.support import sse
+from tests.support.fake_stack import MODEL_ID, chat_body, make_config, make_request
 from tests.support.waiting import until
 
 FULL_CONTEXT = 2048  # configs/cpu.yaml's max_model_len
@@ -47,13 +50,14 @@ class _Request:
 class SteppedEngine(FakeEngine):
     def __init__(self, prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S, decode_step_s: float = 0.002,
                  step_tokens: int = STEP_TOKENS, start_blocks: threading.Event | None = None,
-                 start_fails: bool = False):
+                 start_fails: bool = False, stop_after_tokens: int | None = None):
         super().__init__(max_model_len=FULL_CONTEXT)
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.decode_step_s = decode_step_s
         self.step_tokens = step_tokens
         self.start_blocks = start_blocks
         self.start_fails = start_fails
+        self.stop_after_tokens = stop_after_tokens  # stop() once this many tokens have been emitted
         self.shut_down = False
         self.stopped = False
         self.last_emit = 0.0  # time.monotonic() of the last token emitted
@@ -125,6 +129,8 @@ class SteppedEngine(FakeEngine):
                 r.ready.put_nowait(None)
                 self._generated += 1
                 self.last_emit = time.monotonic()
+            if self.stop_after_tokens is not None and self._generated >= self.stop_after_tokens:
+                self.stop()
             if not decoding and not completed and not prefilled:
                 await asyncio.sleep(0.001)  # everything emitted, waiting for its readers
 
@@ -450,3 +456,39 @@ def test_engine_processes_sigkills_a_stopped_process():
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+async def test_over_http_a_wedged_stream_ends_with_an_error_event_and_the_restart_answers_503_then_serves():
+    gate = threading.Event()
+    factory = Factory(start_blocks=gate)
+    config = _config()
+    host = EngineHost(config.models[0], SteppedEngine(stop_after_tokens=3), config.service, engine_factory=factory,
+                      progress_watch=_watch())
+    app = create_app(config, {MODEL_ID: host})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=30) as client:
+        body = chat_body(max_tokens=50, ignore_eos=True, stream=True)
+        streamed = await client.post("/v1/chat/completions", json=body)
+        assert streamed.status_code == 200  # the stream had begun
+        events = sse.parse(streamed.text)
+        assert events[-1] == "[DONE]"
+        error = events[-2]
+        assert isinstance(error, dict) and error["error"]["code"] == "engine_unavailable"
+        assert "wedged" in error["error"]["message"]
+        assert not any(isinstance(e, dict) and e.get("choices") and e["choices"][0].get("finish_reason")
+                       for e in events)  # never a silent "stop" or "length"
+
+        await until(lambda: factory.built, what="the restart under way")
+        refused = await client.post("/v1/chat/completions", json=chat_body())
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        assert "restarting" in refused.json()["error"]["message"]
+        assert (await client.get("/livez")).status_code == 200
+        assert (await client.get("/health")).status_code == 503
+
+        gate.set()
+        await until(lambda: host.restarts_total == 1, what="the restart done")
+        assert (await client.get("/health")).status_code == 200
+        served = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
+        assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
+        metrics = (await client.get("/metrics")).text
+        assert f'app_engine_wedged_total{{model_name="{MODEL_ID}"}} 1.0' in metrics
+        assert f'app_engine_restarts_total{{model_name="{MODEL_ID}"}} 1.0' in metrics

@@ -605,9 +605,11 @@ class EngineHost:
         """Stops the engine and every process it started (the replica calls this when Serve stops it); an
         in-place restart under way shuts its new engine down when its start returns."""
         self._closed = True
+        processes = getattr(self, "_processes", None)
+        if processes is not None and getattr(self, "_broken", None):
+            processes.kill()  # broken (a stopped EngineCore would sit out vLLM's SIGTERM grace): no grace
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
-        processes = getattr(self, "_processes", None)
         if processes is not None:
             processes.kill()

@@ -314,12 +314,13 @@ async def test_requests_queued_behind_a_wedged_engine_are_refused_retryable():
 class Factory:
     """The engines a host builds for itself, as `replicas.make_engine` would; each may block or fail its start."""
 
-    def __init__(self, **engine_kw):
+    def __init__(self, kind: type[SteppedEngine] = SteppedEngine, **engine_kw):
+        self.kind = kind
         self.engine_kw = engine_kw
         self.built: list[SteppedEngine] = []
 
     def __call__(self) -> SteppedEngine:
-        engine = SteppedEngine(**self.engine_kw)
+        engine = self.kind(**self.engine_kw)
         self.built.append(engine)
         return engine
 
@@ -492,3 +493,39 @@ async def test_over_http_a_wedged_stream_ends_with_an_error_event_and_the_restar
         metrics = (await client.get("/metrics")).text
         assert f'app_engine_wedged_total{{model_name="{MODEL_ID}"}} 1.0' in metrics
         assert f'app_engine_restarts_total{{model_name="{MODEL_ID}"}} 1.0' in metrics
+
+
+class ProcessEngine(SteppedEngine):
+    """Starts a child process, as vLLM starts its EngineCore, which its own shutdown leaves running."""
+
+    def start(self) -> None:
+        super().start()
+        self.child = subprocess.Popen(["sleep", "600"])
+
+
+async def test_every_process_an_engine_started_is_killed_by_the_restart_and_by_shutdown():
+    factory = Factory(kind=ProcessEngine)
+    first = ProcessEngine(decode_step_s=0.01)
+    host = _host(first, factory)
+    children = [first.child]
+    try:
+        stream = host.generate(make_request(_prompt(10), max_tokens=60, ignore_eos=True))
+        assert isinstance(await anext(stream), Admitted)
+        psutil.Process(first.child.pid).suspend()  # the EngineCore stopped (here: only its stand-in)
+        first.stop()
+        with pytest.raises(ServiceUnavailable):
+            async for _ in stream:
+                pass
+        await until(lambda: host.restarts_total == 1, what="the restart done")
+        assert first.child.wait(timeout=5) == -9  # SIGKILLed, though stopped
+        second = factory.built[0]
+        assert isinstance(second, ProcessEngine)
+        children.append(second.child)
+        assert second.child.poll() is None  # the new engine's process runs
+        host.shutdown()
+        assert second.child.wait(timeout=5) == -9
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

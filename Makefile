@@ -38,7 +38,7 @@ cluster-down: setup
 	$(PY) -m app cluster down
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit

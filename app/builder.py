@@ -61,7 +61,11 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
 
 
 def colocated(config: AppConfig) -> bool:
-    return config.service.colocate_ingress and len(config.models) == 1
+    """One model on one replica (and `colocate_ingress`): that replica serves HTTP itself, with no hop per token.
+    Several replicas get the ingress tier: it holds the client's connection apart from any engine replica, so a
+    request nothing has been sent for yet is retried on another replica when one is full, dead or starting
+    (`ray_backend.HandleBackend`), and no request waits on a replica that cannot serve it."""
+    return config.service.colocate_ingress and len(config.models) == 1 and config.models[0].deployment.num_replicas == 1
 
 
 def ingress_deployment_name(config: AppConfig) -> str:
@@ -69,21 +73,12 @@ def ingress_deployment_name(config: AppConfig) -> str:
     return engine_deployment_name(config.models[0].id) if colocated(config) else INGRESS_NAME
 
 
-def one_http_replica(config: AppConfig) -> bool:
-    """Whether a single replica answers all HTTP, so it can own the socket: the ingress (always one
-    replica), or one engine replica serving its model colocated. Several replicas keep Serve's proxy,
-    which spreads requests by queue length; the kernel would spread connections, and an SDK's
-    keep-alive pool pins each client to one replica."""
-    return not colocated(config) or config.models[0].deployment.num_replicas == 1
-
-
 def build_from_config(config: AppConfig, listen: bool = False) -> serve.Application:
-    """`listen`: the HTTP-facing replica binds `service.host:port` itself (requires `one_http_replica`);
-    otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay). API keys are resolved here, in the
-    process that builds the app, and reach every replica as digests in its config (api_keys.py)."""
+    """`listen`: the HTTP-facing replica (always one: the colocated engine replica, or the ingress) binds
+    `service.host:port` itself; otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay). API keys are
+    resolved here, in the process that builds the app, and reach every replica as digests in its config
+    (api_keys.py)."""
     config = config.with_resolved_keys()
-    if listen and not one_http_replica(config):
-        raise ConfigError("a replica can listen on the service port only when one replica answers all HTTP")
     if colocated(config):
         model = config.models[0]
         return _engine_deployment(model, config, ModelServer).bind(config, listen)

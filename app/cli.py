@@ -108,11 +108,10 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     import ray
 
-    from app.builder import one_http_replica
-
-    # On our own single-node Ray, one replica answering all HTTP listens on the port itself (no proxy
-    # hop per token); several replicas, an existing cluster, or --serve-proxy use Serve's HTTP proxy.
-    listen = own_ray and one_http_replica(config) and not via_serve_proxy
+    # On our own single-node Ray the one replica answering all HTTP (the engine replica of a single-replica
+    # model, or the ingress) listens on the port itself: no proxy hop per token. An existing cluster or
+    # --serve-proxy use Serve's HTTP proxy.
+    listen = own_ray and not via_serve_proxy
     try:
         start_ray(own_ray)
         stop.install()  # ray.init may have installed its own handlers

@@ -243,8 +243,10 @@ class ServiceConfig(_Strict):
     )
     colocate_ingress: bool = Field(
         True,
-        description="With a single model, serve HTTP from the engine replicas themselves: no Ray hop per token "
-        "between ingress and engine. With several models (or false) a separate ingress deployment routes by `model`.",
+        description="With a single model on a single replica, serve HTTP from the engine replica itself: no Ray hop "
+        "per token between ingress and engine. With several replicas or models (or false) a separate ingress "
+        "deployment holds the connections, routes by `model`, and retries a request nothing was sent for yet on "
+        "another replica when one is full, dead or starting.",
     )
 
     @field_validator("api_keys")

@@ -4,12 +4,21 @@
 streaming or not, takes one error path (`translate`): a `ServiceError` the replica raised or sent
 back as a `Refused` value becomes itself again, and Ray's own failures (back-pressure, a dead or
 unavailable replica, a cancelled call) become the service's 429/503 with the OpenAI shape.
+
+A request that nothing has come back for yet is retried on another replica when the one it reached
+refuses it for a reason another replica may not have (full, over its time target, engine dead, starting,
+wedged or draining) or dies under it: up to `ATTEMPTS` replicas, each told which replicas to avoid
+(`serving_router.py` reads that), within the request's remaining time. The client hears the last
+refusal only when every attempt was refused. Once anything has come back (the engine admitted it),
+the request stays where it is.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
@@ -20,15 +29,26 @@ from app.engine import GenerateRequest, PromptInput
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
 from app.host import ReplicaStats
 
+log = logging.getLogger(__name__)
 _UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
+# Replicas one request may try before the client is told no. Three: with two replicas, both and one more
+# draw (a replacement may have come up); beyond that a refusal is the whole deployment's answer.
+ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
 class Refused:
     """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
-    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests."""
+    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests.
+    `replica`: the refusing replica's id, so a retry can avoid it."""
 
     error: ServiceError
+    replica: str = ""
+
+
+def _worth_another_replica(err: BaseException) -> bool:
+    """Refusals that say something about the replica, not the request: another replica may take it."""
+    return isinstance(err, (QueueFull, ServiceUnavailable, *_UNAVAILABLE))
 
 
 def translate(err: BaseException) -> BaseException:
@@ -48,6 +68,12 @@ def translate(err: BaseException) -> BaseException:
     return err
 
 
+class _RefusedBy(Exception):
+    def __init__(self, refused: Refused):
+        super().__init__(refused.error)
+        self.refused = refused
+
+
 class HandleBackend:
     """`EngineHost`'s interface, reached through a Ray Serve handle to an `EngineReplica`."""
 
@@ -56,20 +82,36 @@ class HandleBackend:
         self._stream = handle.options(stream=True)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
-        # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
-        response = cast(DeploymentResponseGenerator[Any], self._stream.generate_remote.remote(request))
-        try:
-            async for item in response:
-                if isinstance(item, Refused):
-                    raise item.error
-                yield item
-        except Exception as err:
-            raise translate(err) from None
-        finally:
+        started = time.monotonic()
+        avoid: tuple[str, ...] = ()
+        for attempt in range(1, ATTEMPTS + 1):
+            remaining_s = request.timeout_s - (time.monotonic() - started)
+            attempt_request = request if attempt == 1 else replace(request, timeout_s=remaining_s)
+            # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
+            call = self._stream.generate_remote.remote(attempt_request, avoid)
+            response = cast(DeploymentResponseGenerator[Any], call)
+            answered = False
             try:
-                response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
-            except Exception:  # cancel() re-raises a failed assignment (BackPressureError), already answered above
-                pass
+                async for item in response:
+                    if isinstance(item, Refused):
+                        raise _RefusedBy(item)
+                    answered = True
+                    yield item
+                return
+            except Exception as err:
+                refused_by = err.refused.replica if isinstance(err, _RefusedBy) else ""
+                error = translate(err.refused.error if isinstance(err, _RefusedBy) else err)
+                last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
+                if answered or last or not _worth_another_replica(error):
+                    raise error from None
+                avoid += (refused_by,) if refused_by else ()
+                log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
+                         request.trace_id or request.request_id, refused_by or "?", error, attempt + 1, ATTEMPTS)
+            finally:
+                try:
+                    response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
+                except Exception:  # cancel() re-raises a failed assignment (BackPressureError), answered above
+                    pass
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:

@@ -105,6 +105,14 @@ def _refuse_open_access(config: AppConfig, listen: bool) -> None:
     log.warning("%s", message)
 
 
+def _this_replica_id() -> str:
+    """Serve's id of the replica this runs in (what `serving_router` sees as `replica_id.unique_id`)."""
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a Serve replica (tests that build one directly)
+        return ""
+
+
 def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:
     listener = HttpListener(api, service.host, service.port, service)
     listener.start()  # the constructor runs in the replica's event loop, where requests will run
@@ -119,14 +127,16 @@ class EngineReplica:
         # The engine loads in the constructor: Serve routes to a replica only once its constructor has
         # returned, so no request (and no replacement, scale-up or rolling update) reaches a loading engine.
         self.host = EngineHost(model, make_engine(model), service)
+        self._replica_id = _this_replica_id()
 
-    async def generate_remote(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
-        """`generate` for callers across the Ray handle: errors come back as `Refused` values."""
+    async def generate_remote(self, request: GenerateRequest, avoid: tuple[str, ...] = ()) -> AsyncGenerator[Any, None]:
+        """`generate` for callers across the Ray handle: errors come back as `Refused` values naming this replica.
+        `avoid` is for the router only (replicas that already refused this request)."""
         try:
             async for item in self.host.generate(request):
                 yield item
         except ServiceError as err:
-            yield Refused(err)
+            yield Refused(err, self._replica_id)
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         return await self.host.tokenize(prompt)

@@ -12,7 +12,8 @@ Each engine replica reports `{"serving": bool, "room": int}` through Serve's own
 two choices among the replicas that serve, preferring those with room in their admission (running +
 queued below capacity), and falls back to all replicas when none qualifies (they then answer 503 or 429
 themselves, honestly, instead of a request waiting in the router). Among its two, Serve's usual queue-length
-probe still picks. Built on Serve's public `RequestRouter` with its FIFO and locality mixins.
+probe still picks. A request the ingress retries (ray_backend.py) names the replicas that refused it, and they
+are left out while any other remains. Built on Serve's public `RequestRouter` with its FIFO and locality mixins.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def _has_room(replica: RunningReplica) -> bool:
     return int(replica.routing_stats.get("room", 1)) > 0
 
 
+def avoided(pending_request: PendingRequest | None) -> frozenset[str]:
+    """Replicas that already refused this request (`EngineReplica.generate_remote`'s `avoid`; ray_backend.py)."""
+    if pending_request is None or len(pending_request.args) < 2 or not isinstance(pending_request.args[1], tuple):
+        return frozenset()
+    return frozenset(str(r) for r in pending_request.args[1])
+
+
+def not_avoided(replicas: list[RunningReplica], avoid: frozenset[str]) -> list[RunningReplica]:
+    """The replicas that have not refused this request yet; all of them when every one has."""
+    return [r for r in replicas if r.replica_id.unique_id not in avoid] or replicas
+
+
 def pick_two(replicas: list[RunningReplica]) -> list[RunningReplica]:
     """Two random replicas (or the one) among those that serve and have room, else those that serve, else all."""
     serving = [r for r in replicas if _serving(r)] or replicas
@@ -50,6 +63,7 @@ class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        candidates = not_avoided(candidate_replicas, avoided(pending_request))
         local = set(self.apply_locality_routing(pending_request))  # same node first, as Serve's default does
-        nearby = [r for r in candidate_replicas if r.replica_id in local and _serving(r)]
-        return [pick_two(nearby or candidate_replicas)]
+        nearby = [r for r in candidates if r.replica_id in local and _serving(r)]
+        return [pick_two(nearby or candidates)]

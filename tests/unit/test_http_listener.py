@@ -8,8 +8,7 @@ import socket
 import httpx
 import pytest
 
-from app.builder import build_from_config, one_http_replica
-from app.config import ConfigError
+from app.builder import INGRESS_NAME, build_from_config, engine_deployment_name
 from app.fake_engine import FakeEngine
 from app.http_listener import CannotListen, HttpListener, bind_socket
 from loadkit.probe import probe
@@ -116,15 +115,11 @@ def test_a_replacement_replica_can_bind_while_the_old_one_still_listens():
         old.close()
 
 
-def test_only_a_single_http_replica_may_own_the_port():
-    assert one_http_replica(make_config())  # one model, one replica: it answers HTTP itself
-    several = make_config(deployment={"num_replicas": 2})
-    assert not one_http_replica(several)  # the Serve proxy balances between them
-    separate = make_config(service={"colocate_ingress": False}, deployment={"num_replicas": 2})
-    assert one_http_replica(separate)  # the ingress deployment has one replica
-    with pytest.raises(ConfigError, match="one replica answers all HTTP"):
-        build_from_config(several, listen=True)
-    assert build_from_config(make_config(), listen=True) is not None
+def test_the_http_replica_is_always_one_and_may_own_the_port():
+    single = build_from_config(make_config(), listen=True)  # one model, one replica: it answers HTTP itself
+    assert single._bound_deployment.name == engine_deployment_name(make_config().models[0].id)
+    several = build_from_config(make_config(deployment={"num_replicas": 2}), listen=True)
+    assert several._bound_deployment.name == INGRESS_NAME  # several replicas: the ingress tier holds the connections
 
 
 async def test_the_refusal_probe_sees_a_full_service_refuse_at_once():

@@ -14,7 +14,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine import Admitted, ChoiceDelta, GenerationDelta, PromptInput
 from app.errors import InvalidRequest, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
-from app.ray_backend import HandleBackend, Refused, translate
+from app.ray_backend import ATTEMPTS, HandleBackend, Refused, translate
 from tests.support.fake_stack import make_request
 
 
@@ -101,6 +101,8 @@ class _Method:
     def remote(self, *args):
         self.handle.calls.append((self.name, args))
         if self.name == "generate_remote":
+            if self.handle.responses:  # one per call, in order (retries); else the same answer every time
+                self.handle.response = self.handle.responses.pop(0)
             return self.handle.response
         outcome = self.handle.answers[self.name]
 
@@ -115,8 +117,9 @@ class _Method:
 class StandInHandle:
     """The parts of a DeploymentHandle that HandleBackend uses: `options(stream=True)` and `.<method>.remote()`."""
 
-    def __init__(self, response: StandInResponse | None = None, **answers):
-        self.response, self.answers = response, answers
+    def __init__(self, response: StandInResponse | None = None, responses: list[StandInResponse] | None = None,
+                 **answers):
+        self.response, self.responses, self.answers = response, list(responses or []), answers
         self.calls: list[tuple[str, tuple]] = []
         self.options_seen: list[dict] = []
 
@@ -139,19 +142,56 @@ async def test_generate_passes_items_through_and_cancels_when_done():
     request = make_request("hello")
     assert [item async for item in backend.generate(request)] == ITEMS
     assert handle.options_seen == [{"stream": True}]
-    assert handle.calls == [("generate_remote", (request,))]
+    assert handle.calls == [("generate_remote", (request, ()))]
     assert handle.response.cancelled == 1  # a no-op on a finished stream, but always called
 
 
-async def test_a_refused_value_raises_its_error():
-    refusal = QueueFull("at capacity", retry_after_s=7)
-    handle = StandInHandle(StandInResponse([Refused(refusal), *ITEMS]))
+async def test_a_refusal_about_the_request_raises_its_error_without_a_retry():
+    refusal = InvalidRequest("too long", param="messages")
+    handle = StandInHandle(StandInResponse([Refused(refusal, "r1"), *ITEMS]))
+    with pytest.raises(InvalidRequest) as raised:
+        async for _ in HandleBackend(handle).generate(make_request("hello")):
+            pass
+    assert raised.value is refusal
+    assert handle.response.yielded == 1  # nothing after the refusal was read
+    assert handle.response.cancelled == 1
+    assert len(handle.calls) == 1
+
+
+@pytest.mark.parametrize("refusal", [QueueFull("at capacity", retry_after_s=7),
+                                     ServiceUnavailable("engine dead", retry_after_s=5)], ids=["full", "dead"])
+async def test_a_replica_refusal_is_retried_on_another_replica_that_then_answers(refusal):
+    full, other = StandInResponse([Refused(refusal, "r1")]), StandInResponse(ITEMS)
+    handle = StandInHandle(responses=[full, other])
+    request = make_request("hello")
+    assert [item async for item in HandleBackend(handle).generate(request)] == ITEMS
+    (_, (first, avoid_first)), (_, (second, avoid_second)) = handle.calls
+    assert first is request and avoid_first == ()
+    assert avoid_second == ("r1",)  # the router leaves r1 out (serving_router.avoided)
+    assert second.request_id == request.request_id and second.timeout_s <= request.timeout_s  # the time left
+    assert full.cancelled == other.cancelled == 1
+
+
+async def test_when_every_attempt_is_refused_the_client_hears_the_last_refusal():
+    refusals = [QueueFull(f"full {i}", retry_after_s=i) for i in range(ATTEMPTS)]
+    handle = StandInHandle(responses=[StandInResponse([Refused(r, f"r{i}")]) for i, r in enumerate(refusals)])
     with pytest.raises(QueueFull) as raised:
         async for _ in HandleBackend(handle).generate(make_request("hello")):
             pass
-    assert raised.value is refusal and raised.value.retry_after_s == 7
-    assert handle.response.yielded == 1  # nothing after the refusal was read
-    assert handle.response.cancelled == 1
+    assert raised.value is refusals[-1]
+    assert [avoid for _, (_, avoid) in handle.calls] == [(), ("r0",), ("r0", "r1")]
+
+
+async def test_a_replica_that_dies_before_answering_is_retried_but_not_once_it_answered():
+    died = StandInResponse([], fail=ActorDiedError())
+    handle = StandInHandle(responses=[died, StandInResponse(ITEMS)])
+    assert [item async for item in HandleBackend(handle).generate(make_request("hello"))] == ITEMS
+    assert len(handle.calls) == 2
+    mid_stream = StandInHandle(responses=[StandInResponse(ITEMS[:1], fail=ActorDiedError()), StandInResponse(ITEMS)])
+    with pytest.raises(ServiceUnavailable):
+        async for _ in HandleBackend(mid_stream).generate(make_request("hello")):
+            pass
+    assert len(mid_stream.calls) == 1  # admitted: it stays where it was (moving it is issue 13's)
 
 
 @pytest.mark.parametrize("fail, expected", [

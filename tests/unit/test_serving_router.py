@@ -10,7 +10,7 @@ import pytest
 
 from app.fake_engine import FakeEngine
 from app.host import EngineHost
-from app.serving_router import pick_two
+from app.serving_router import avoided, not_avoided, pick_two
 from tests.support.fake_stack import make_config
 
 
@@ -59,3 +59,24 @@ async def test_a_host_reports_whether_it_serves_and_its_room(dead):
         assert host.routing_stats()["serving"] is False
     else:
         assert host.routing_stats() == {"serving": True, "room": 5}
+
+
+@dataclass(frozen=True)
+class _Id:
+    unique_id: str
+
+
+@dataclass
+class _Pending:
+    args: list[Any]
+
+
+def test_a_retried_request_leaves_out_the_replicas_that_refused_it_while_another_remains():
+    a, b, c = (_Replica(n) for n in "abc")
+    for r in (a, b, c):
+        r.replica_id = _Id(r.name)  # type: ignore[attr-defined]
+    retried = _Pending(["request", ("a", "b")])
+    assert avoided(retried) == {"a", "b"}
+    assert _names(not_avoided([a, b, c], avoided(retried))) == {"c"}
+    assert _names(not_avoided([a, b], avoided(retried))) == {"a", "b"}  # every one refused: all stay candidates
+    assert avoided(_Pending(["request"])) == frozenset() and avoided(None) == frozenset()

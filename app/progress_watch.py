@@ -16,7 +16,8 @@ The bound, and why it never trips on a busy engine:
   token than a short one), plus `floor_s`. A tighter model (one engine step's worth of prefill: vLLM
   emits a token for every decoding request each step) was wrong on the real engine: 32 prompts of 1912
   tokens (configs/cpu.yaml's context is 2048) went 16.3 s with no output at all, 14 steps' worth at the
-  1781 tokens/s measured then (scripts/engine_restart_probe.py, 16:40 run). For 32 prompts at the full
+  1781 tokens/s measured then, and 19.9 s in a second run (scripts/engine_restart_probe.py; vLLM spreads
+  its steps over many prompts at once: the first of the 32 answered after 6.9 s). For 32 prompts at the full
   context the bound is 30 s + 2 x 65,536 tokens over the rate: ~104 s at 1781 tokens/s.
 - `floor_s` (30 s) covers what is not prefill: a decode step at a full batch (~0.1-0.3 s here), the
   recompute of a preempted request, the Python front end, a GC pause, a CPU starved by another process.

@@ -108,6 +108,7 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
         text = text[:-20]
     last_output = [time.monotonic()]
     longest_quiet = [0.0]
+    firsts: list[float] = []  # each request's first output, seconds from the start
     bounds: list[float] = []
 
     async def one(i: int) -> int:
@@ -115,6 +116,8 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
         async for item in host.generate(request(text, max_tokens)):
             if not isinstance(item, Admitted):
                 now = time.monotonic()
+                if not tokens:
+                    firsts.append(now - started)
                 longest_quiet[0] = max(longest_quiet[0], now - last_output[0])
                 last_output[0] = now
                 tokens += sum(c.num_tokens for c in item.choices)
@@ -137,6 +140,7 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
         "seconds": round(time.monotonic() - started, 1),
         "all_tokens": sum(tokens) == 32 * max_tokens,
         "longest_quiet_s": round(longest_quiet[0], 2),
+        "first_output_s": [round(min(firsts), 1), round(max(firsts), 1)] if firsts else None,
         "smallest_bound_s": round(min(bounds), 1) if bounds else None,
         "wedged": host.wedged_total,
         "prefill_tokens_per_s": stats.pace.prefill_tokens_per_s,

@@ -10,6 +10,12 @@ Systems (--systems; by default app, vllm, ray-llm, naive, in this order; `all` a
   app          this project: `python -m app serve --config <generated from configs/cpu.yaml>`
   app-proxy    the same through Ray Serve's HTTP proxy (`--serve-proxy`), the KubeRay path
   app-ingress  the same with a separate ingress deployment (`service.colocate_ingress: false`)
+  app-cluster  the KubeRay path with two replicas: benchmarks/app_cluster.py starts a local multi-node Ray
+               cluster (a head and 2 worker nodes, each on its own core), `serve deploy`s the CPU manifest's own
+               serveConfigV2 (configs/kuberay/rayservice-cpu.yaml; only the proxy's address, the engine settings
+               below and open admission changed) and serves through Serve's proxy; the report adds the time from
+               `serve deploy` to every replica running, each replica's start-up, its share of requests and
+               tokens, and throughput per replica
   vllm         bare vLLM: `python -m vllm.entrypoints.openai.api_server ...`
   ray-llm      Ray Serve LLM: benchmarks/ray_serve_llm.py (ray.serve.llm.build_openai_app)
   naive        baseline: benchmarks/naive_fastapi.py (FastAPI + transformers generate, Semaphore(2))
@@ -38,6 +44,7 @@ system's whole process tree (children included), sampled while the load runs.
     .venv/bin/python scripts/bench.py                       # the full sweep (make bench)
     .venv/bin/python scripts/bench.py --systems app,vllm --concurrency 1,4
     .venv/bin/python scripts/bench.py --systems app,vllm --dtype bfloat16,float32,auto
+    .venv/bin/python scripts/bench.py --systems app,app-proxy,app-cluster,vllm --concurrency 16,64 --repeats 1
     .venv/bin/python scripts/bench.py --quick               # naive baseline, a handful of requests
     .venv/bin/python scripts/bench.py --report-only bench-results/<timestamp>   # redo report + plots only
 

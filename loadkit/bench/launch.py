@@ -146,7 +146,10 @@ def _cluster_facts(v: Variant, sweep: Sweep, server: Server) -> dict | None:
         say(f"{v.key}: no facts file from the cluster system")
         return None
     config = server.command[server.command.index("--serve-config") + 1]
-    facts["config_changes"] = config_changes(sweep.at.repo, Path(config))
+    try:
+        facts["config_changes"] = config_changes(sweep.at.repo, Path(config))
+    except (OSError, ValueError, KeyError) as err:
+        facts["config_changes"] = [f"(not compared: {err!r})"]
     say(f"{v.key}: cluster up in {facts['cluster_up_s']:.0f} s; every replica running "
         f"{facts['deploy_to_ready_s']:.0f} s after serve deploy")
     return facts
@@ -182,8 +185,12 @@ def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[S
                 say(f"{v.key}: {launch.status}")
                 break
         if facts is not None:  # read while the cluster runs: its logs go with it
-            launch.cluster = observed(facts, {s.concurrency: trace_prefix(v, s, round_) for s in sweep.steps})
-            say(f"{v.key}: replicas {launch.cluster['engines']}; shares {launch.cluster['shares']}")
+            try:
+                launch.cluster = observed(facts, {s.concurrency: trace_prefix(v, s, round_) for s in sweep.steps})
+                say(f"{v.key}: replicas {launch.cluster['engines']}; shares {launch.cluster['shares']}")
+            except (OSError, ValueError, KeyError, TypeError) as err:  # the load's figures stand without them
+                launch.cluster = {**facts, "error": f"{type(err).__name__}: {err}"}
+                say(f"{v.key}: replica logs not read: {err!r}")
         return launch, records
     finally:
         grace = max(sweep.stop_grace_s, CLUSTER_STOP_GRACE_S) if v.system == "app-cluster" else sweep.stop_grace_s

@@ -94,7 +94,9 @@ def _setup_lines(runs: list[SystemRun], opts: ReportOptions, meta: RunMeta, engi
         *_precision_lines(runs, opts, meta),
         f"- Engine settings, identical for every vLLM-based system: enforce_eager, dtype as in the tables, "
         f"max_model_len {engine.max_model_len}, max_num_seqs {engine.max_num_seqs}, KV cache {kv} GiB "
-        f"(`VLLM_CPU_KVCACHE_SPACE={kv}` / `kv_cache_gib: {kv}`), one engine replica. "
+        f"(`VLLM_CPU_KVCACHE_SPACE={kv}` / `kv_cache_gib: {kv}`), one engine replica"
+        + (" (`app-cluster`: two, one per worker node, each with these settings)" if any(
+            r.system == "app-cluster" for r in runs) else "") + ". "
         f"The naive baseline loads the same folder in {naive_dtype} with transformers and computes with "
         f"{NAIVE_THREADS} torch thread(s), as many as vLLM's CPU engine computes with (it reserves one core for its "
         "front end).",

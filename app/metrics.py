@@ -9,7 +9,7 @@ same thing. Each app gets its own registry, so several apps (tests) never clash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -76,8 +76,11 @@ class Metrics:
             registry=r,
         )
 
-    def render(self, replica_stats: dict[str, ReplicaStats]) -> bytes:
-        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats))
+    def render(self, replica_stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+               ) -> bytes:
+        """`retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
+        (`ray_backend.HandleBackend.retried`)."""
+        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried or {}))
 
 
 def _or_nan(value: float | None) -> float:
@@ -87,8 +90,9 @@ def _or_nan(value: float | None) -> float:
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
-    def __init__(self, stats: dict[str, ReplicaStats]):
+    def __init__(self, stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None):
         self._stats = stats
+        self._retried = retried or {}
 
     def collect(self) -> Iterable[Metric]:
         gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
@@ -154,6 +158,16 @@ class _Snapshot:
             for model, s in self._stats.items():
                 counter.add_metric([model], read(s))
             yield counter
+        retries = CounterMetricFamily(
+            "app_requests_retried",
+            "Attempts the ingress made on another replica for a request refused (or lost) before anything was sent, "
+            "by the refusal's reason.",
+            labels=["model_name", "reason"],
+        )
+        for model, by_reason in self._retried.items():
+            for reason, count in sorted(by_reason.items()):
+                retries.add_metric([model, reason], count)
+        yield retries
 
 
 class RequestTimer:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -80,6 +81,7 @@ class HandleBackend:
     def __init__(self, handle: DeploymentHandle):
         self._handle = handle
         self._stream = handle.options(stream=True)
+        self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         started = time.monotonic()
@@ -105,6 +107,7 @@ class HandleBackend:
                 if answered or last or not _worth_another_replica(error):
                     raise error from None
                 avoid += (refused_by,) if refused_by else ()
+                self.retried[getattr(error, "code", None) or type(error).__name__] += 1
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          request.trace_id or request.request_id, refused_by or "?", error, attempt + 1, ATTEMPTS)
             finally:

@@ -126,7 +126,9 @@ class EngineReplica:
         _keep_replica_port_on_loopback()
         # The engine loads in the constructor: Serve routes to a replica only once its constructor has
         # returned, so no request (and no replacement, scale-up or rolling update) reaches a loading engine.
-        self.host = EngineHost(model, make_engine(model), service)
+        # An engine that dies or wedges later is restarted in place (host.py); the router skips the replica
+        # meanwhile (it reports serving: False).
+        self.host = EngineHost(model, make_engine(model), service, engine_factory=lambda: make_engine(model))
         self._replica_id = _this_replica_id()
 
     async def generate_remote(self, request: GenerateRequest, avoid: tuple[str, ...] = ()) -> AsyncGenerator[Any, None]:
@@ -175,7 +177,8 @@ class ModelServer:
         _keep_replica_port_on_loopback()
         model = config.models[0]
         _refuse_open_access(config, listen)
-        self.host = EngineHost(model, make_engine(model), config.service)  # loads now: see EngineReplica
+        # Loads now: see EngineReplica. An engine that dies or wedges is restarted in place (host.py).
+        self.host = EngineHost(model, make_engine(model), config.service, engine_factory=lambda: make_engine(model))
         self._api = create_app(config, {model.id: self.host}, behind_serve_proxy=not listen, watch_event_loop=True)
         self._listener = _listen(self._api, config.service) if listen else None
 

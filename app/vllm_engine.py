@@ -26,7 +26,8 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from app.config import ModelConfig
-from app.core_plan import CorePlan, describe, plan_cores
+from app.core_claims import CoreClaim, plan_own_cores
+from app.core_plan import CorePlan, describe
 from app.cpu_affinity import keep_off_engine_cores
 from app.engine import (
     ChoiceDelta,
@@ -243,6 +244,7 @@ class VLLMEngine:
         self._precision: PrecisionChoice | None = None
         self._max_token_chars = 1
         self._cores: CorePlan | None = None
+        self._core_claim: CoreClaim | None = None
         name = model.engine.tool_call_parser
         self._tool_parser = parser_class(name) if name else None  # an unknown name fails the replica's start
 
@@ -255,7 +257,8 @@ class VLLMEngine:
             if model.engine.kv_cache_gib:
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.engine.kv_cache_gib)
             # Planned before keep_off_engine_cores narrows this process's affinity: the EngineCore inherits it.
-            self._cores = plan_cores(world_size=model.engine.tensor_parallel_size)
+            # Cores another engine of this host computes on are left to it (core_claims.py).
+            self._cores, self._core_claim = plan_own_cores(world_size=model.engine.tensor_parallel_size)
             os.environ.update(self._cores.env)
             for warning in self._cores.warnings:
                 log.warning("%s", warning)
@@ -381,3 +384,6 @@ class VLLMEngine:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._core_claim is not None:
+            self._core_claim.release()
+            self._core_claim = None

@@ -5,6 +5,8 @@ for real too (the main stack's replica listens itself)."""
 
 from __future__ import annotations
 
+import os
+
 import openai
 import pytest
 
@@ -90,3 +92,19 @@ def test_http_goes_through_the_serve_proxy_when_asked(multi, service):
     # The replica answers /health (so the fixture is ready) a moment before the CLI prints its ready line.
     wait_until(lambda: "HTTP answered by the replica itself" in service.log_path.read_text(errors="replace"),
                timeout_s=60, what="the CLI's ready line saying the replica answers HTTP itself")
+
+
+def _workers_cores(service) -> list[set[int]]:
+    """The cores each vLLM CPU worker of the stack is bound to (its main thread is one of its OpenMP threads)."""
+    import psutil
+
+    return [set(os.sched_getaffinity(p.pid)) for p in psutil.Process(service.proc.pid).children(recursive=True)
+            if "VLLM::Worker" in p.name()]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_engines_on_one_host_compute_on_cores_of_their_own(multi):
+    planned = [set(multi.stats(m)["engine"]["compute_cores"]) for m in (MODEL, SECOND_MODEL)]
+    assert all(planned) and not planned[0] & planned[1], planned  # app/core_claims.py
+    bound = _workers_cores(multi)
+    assert len(bound) == 2 and not bound[0] & bound[1], bound

@@ -164,7 +164,9 @@ async def test_a_replica_refusal_is_retried_on_another_replica_that_then_answers
     full, other = StandInResponse([Refused(refusal, "r1")]), StandInResponse(ITEMS)
     handle = StandInHandle(responses=[full, other])
     request = make_request("hello")
-    assert [item async for item in HandleBackend(handle).generate(request)] == ITEMS
+    backend = HandleBackend(handle)
+    assert [item async for item in backend.generate(request)] == ITEMS
+    assert backend.retried == {refusal.code: 1}  # counted for /metrics (app_requests_retried_total)
     (_, (first, avoid_first)), (_, (second, avoid_second)) = handle.calls
     assert first is request and avoid_first == ()
     assert avoid_second == ("r1",)  # the router leaves r1 out (serving_router.avoided)
@@ -276,3 +278,11 @@ async def test_plain_call_failures_are_translated(method, args):
     backend = HandleBackend(StandInHandle(**{method: ValueError("a bug")}))
     with pytest.raises(ValueError, match="a bug"):
         await getattr(backend, method)(*args)
+
+
+def test_retries_are_counted_in_the_metrics_by_reason():
+    from app.metrics import Metrics
+
+    text = Metrics().render({}, {"m": {"queue_full": 2, "engine_unavailable": 1}}).decode()
+    assert 'app_requests_retried_total{model_name="m",reason="queue_full"} 2.0' in text
+    assert 'app_requests_retried_total{model_name="m",reason="engine_unavailable"} 1.0' in text

@@ -87,3 +87,32 @@ def test_refusals(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=MODEL, **{"input": QUESTION, **kwargs})
     assert err.value.status_code == 400 and err.value.body["param"] == param, err.value.body
+
+
+async def test_an_openai_agents_sdk_turn_with_a_tool(service):
+    """The OpenAI Agents SDK (Responses API by default) runs one tool-using turn. Not a project dependency: the
+    test runs where `agents` imports (pip install openai-agents)."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    from tests.integration.conftest import API_KEY
+
+    agents.set_tracing_disabled(True)  # the SDK's tracing would export to OpenAI
+    called: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        called.append(city)
+        return f"18 degrees and sunny in {city}"
+
+    client = AsyncOpenAI(base_url=f"{service.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    agent = agents.Agent(
+        name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
+        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                                            temperature=0),
+        tool_use_behavior="stop_on_first_tool",  # the tool's answer ends the turn (a forced choice would loop)
+    )
+    result = await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=2)
+    assert len(called) == 1 and result.final_output == f"18 degrees and sunny in {called[0]}"

@@ -134,6 +134,11 @@ async def test_async_sdk_round_trip_streamed(async_client):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                             "properties": {"a": {"type": 7}}}}}],
       "tool_choice": "required"}, "tools"),
+    # a valid JSON Schema that the engine's grammar compiler refuses (an unresolvable $ref): the engine's
+    # refusal, still before any byte, naming tools
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}, "required": ["a"]}}}],
+      "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
 ])

@@ -370,3 +370,22 @@ def test_an_unknown_parser_name_fails_the_engine_start():
 
     with pytest.raises(ValueError, match="hermes"):
         parser_class("no-such-parser")
+
+
+def test_the_vllm_engine_turns_parsed_calls_into_neutral_deltas():
+    from vllm.outputs import CompletionOutput
+
+    from app.vllm_tool_parsing import AutoToolCalls, parser_class
+
+    parsers = [AutoToolCalls(parser_class("hermes"), _Vocab(), tuple(TOOLS))]
+    text = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
+    calls = []
+    for i in range(0, len(text), 9):
+        out = CompletionOutput(index=0, text=text[i:i + 9], token_ids=[1], cumulative_logprob=None, logprobs=None,
+                               finish_reason="stop" if i + 9 >= len(text) else None)
+        delta = vllm_engine._with_tool_calls(vllm_engine._choice_delta(out, None), out, parsers)
+        assert delta.text == "" and delta.num_tokens == 1
+        calls += delta.tool_calls
+    assert calls[0].name == "ping" and calls[0].id is not None
+    assert json.loads("".join(c.arguments for c in calls)) == {}
+    assert delta.finish_reason == "stop"

@@ -69,7 +69,8 @@ class Batch:
                     raise item
                 else:
                     yield GenerationDelta(
-                        choices=tuple(replace(c, index=prompt * self._n + c.index) for c in item.choices)
+                        choices=tuple(replace(c, index=prompt * self._n + c.index) for c in item.choices),
+                        prompt_token_ids=item.prompt_token_ids,
                     )
         finally:
             await self.aclose()

@@ -49,6 +49,7 @@ class GenerationParams:
     # tool_choice "auto": the request's tools (OpenAI's JSON objects, plain data), for the model's tool-call
     # parser to find the calls the model writes in its own format; None: no parsing.
     auto_tools: tuple[dict[str, Any], ...] | None = None
+    return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,13 @@ class ChoiceDelta:
     # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is then only
     # what the model wrote besides them.
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    token_ids: tuple[int, ...] | None = None  # with return_token_ids: this piece's token ids
 
 
 @dataclass(frozen=True)
 class GenerationDelta:
     choices: tuple[ChoiceDelta, ...]
+    prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
 
 
 @dataclass(frozen=True)

@@ -228,12 +228,15 @@ class FakeEngine:
                         calls = (_auto_call(params.auto_tools[0], i),)
                     choices.append(
                         ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs,
-                                    tool_calls=calls)
+                                    tool_calls=calls,
+                                    token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
                     )
                     self._generated += 1
                     done[i] = finish is not None
+                first = step == 0 and params.return_token_ids
                 step += 1
-                yield GenerationDelta(choices=tuple(choices))
+                yield GenerationDelta(choices=tuple(choices),
+                                      prompt_token_ids=tuple(prompt_token_ids) if first else None)
         finally:
             self.running.discard(request_id)
             self._changed()

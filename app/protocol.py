@@ -90,6 +90,7 @@ class _Request(BaseModel):
     )
     allowed_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: sample only these tokens.")
     bad_words: list[str] = Field(default_factory=list, description="vLLM extension: words never generated.")
+    return_token_ids: bool | None = Field(None, description="vLLM extension: the prompt's and the output's ids.")
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -217,6 +218,7 @@ class _Request(BaseModel):
             "logit_bias": self._logit_bias(),
             "allowed_token_ids": allowed,
             "bad_words": self._bad_words(),
+            "return_token_ids": bool(self.return_token_ids),
         }
 
     def _params(

@@ -191,6 +191,8 @@ class _ChoiceState:
     logprobs: list[TokenLogprob] | None = None
     started: bool = False
     tool_calls: dict[int, ToolCall] = field(default_factory=dict)  # found by the engine's parser, by call index
+    token_ids: list[int] = field(default_factory=list)  # with return_token_ids
+    prompt_token_ids: list[int] | None = None  # with return_token_ids: its prompt's (a batch has several)
 
 
 @dataclass
@@ -204,6 +206,9 @@ class Responder:
     continuous_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
+    # vLLM's return_token_ids: chat puts the prompt's ids on the response (its first chunk), completions on each
+    # choice (its first chunk); every choice (chunk) has its output's ids.
+    return_token_ids: bool = False
 
     def __post_init__(self) -> None:
         self._choices = [_ChoiceState(i) for i in range(self.n)]
@@ -220,8 +225,12 @@ class Responder:
                 if i.prompt_text is not None and prompt < len(self.shape.echo_texts):
                     self.shape.echo_texts[prompt] = i.prompt_text  # a token-id prompt's text, decoded by the engine
 
-    def _absorb(self, c: ChoiceDelta) -> _ChoiceState:
+    def _absorb(self, c: ChoiceDelta, prompt_token_ids: tuple[int, ...] | None = None) -> _ChoiceState:
         acc = self._choices[c.index]
+        if prompt_token_ids is not None and acc.prompt_token_ids is None:
+            acc.prompt_token_ids = list(prompt_token_ids)
+        if c.token_ids is not None:
+            acc.token_ids += c.token_ids
         acc.text += c.text
         acc.tokens += c.num_tokens
         acc.finish_reason = c.finish_reason or acc.finish_reason
@@ -247,20 +256,32 @@ class Responder:
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
 
+    def _with_token_ids(self, choice: dict[str, Any], acc: _ChoiceState, ids: list[int] | None,
+                        first: bool) -> dict[str, Any]:
+        if isinstance(self.shape, CompletionShape):
+            choice["prompt_token_ids"] = acc.prompt_token_ids if first else None
+        choice["token_ids"] = ids
+        return choice
+
     def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
         """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
         not yet readable), as vLLM sends no chunk then."""
         choices = []
         for c in delta.choices:
-            acc = self._absorb(c)
-            choice = self.shape.chunk_choice(c, first=not acc.started)
+            acc = self._absorb(c, delta.prompt_token_ids)
+            first = not acc.started
+            choice = self.shape.chunk_choice(c, first=first)
             acc.started = True
-            if choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None:
+            if self.return_token_ids:
+                choice = self._with_token_ids(choice, acc, list(c.token_ids or ()), first)
+            elif choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None:
                 continue
             choices.append(choice)
         if not choices:
             return None
         out = self._envelope(self.shape.object_chunk)
+        if self.return_token_ids and isinstance(self.shape, ChatShape):
+            out["prompt_token_ids"] = list(delta.prompt_token_ids) if delta.prompt_token_ids is not None else None
         out["choices"] = choices
         if self.include_usage:
             out["usage"] = self.usage() if self.continuous_usage else None
@@ -290,11 +311,16 @@ class Responder:
     def full(self) -> dict[str, Any]:
         out = self._envelope(self.shape.object_full)
         out["choices"] = [self.shape.full_choice(c) for c in self._choices]
+        if self.return_token_ids:
+            out["choices"] = [self._with_token_ids(choice, c, c.token_ids, True)
+                              for choice, c in zip(out["choices"], self._choices, strict=True)]
+            if isinstance(self.shape, ChatShape):
+                out["prompt_token_ids"] = self._choices[0].prompt_token_ids if self._choices else None
         out["usage"] = self.usage()
         return out
 
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]:
         async for delta in stream:
             for c in delta.choices:
-                self._absorb(c)
+                self._absorb(c, delta.prompt_token_ids)
         return self.full()

@@ -56,7 +56,8 @@ def _state(request: Request) -> IngressState:
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     def writer(request_id: str, model_id: str) -> StreamWriter:
         return Responder(request_id, model_id, ChatShape(body.forced_tool_choice), body.n,
-                         include_usage=body.include_usage, continuous_usage=body.continuous_usage)
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage,
+                         return_token_ids=bool(body.return_token_ids))
 
     return await _generate_unless_gone(request, body, writer, "chatcmpl")
 
@@ -67,7 +68,8 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
         # A batch's choices: prompt i's choice j is choice i * n + j (app/batch_stream.py).
         shape = CompletionShape(n=body.n, echo_texts=body.echo_texts)
         return Responder(request_id, model_id, shape, body.n * body.prompt_count,
-                         include_usage=body.include_usage, continuous_usage=body.continuous_usage)
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage,
+                         return_token_ids=bool(body.return_token_ids))
 
     return await _generate_unless_gone(request, body, writer, "cmpl")
 

@@ -322,11 +322,16 @@ class VLLMEngine:
         stop_in_text = params.include_stop_str_in_output
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+            prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             async for out in self.llm.generate(prompt, sampling, request_id):
                 choices = tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
                 if parsers:
                     choices = tuple(_with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))
-                yield GenerationDelta(choices=choices)
+                if params.return_token_ids:
+                    choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
+                                                                                             strict=True))
+                yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids)
+                prompt_ids = None
         except VLLMValidationError as err:
             raise _refusal(err, params) from None
         except EngineDeadError as err:

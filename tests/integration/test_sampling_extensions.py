@@ -142,6 +142,23 @@ def test_bad_words_change_the_answer(client):
     assert other != greedy
 
 
+# -- return_token_ids ------------------------------------------------------------------------------------
+
+
+def test_return_token_ids_are_the_prompts_and_the_outputs(client, http):
+    r = complete(client, return_token_ids=True)
+    choice = r.choices[0].model_dump()
+    prompt_ids = http.post("/tokenize", json={"model": MODEL, "prompt": PROMPT}).json()["tokens"]
+    assert choice["prompt_token_ids"] == prompt_ids
+    assert len(choice["token_ids"]) == r.usage.completion_tokens
+    decoded = http.post("/detokenize", json={"model": MODEL, "tokens": choice["token_ids"]}).json()["prompt"]
+    assert decoded.startswith(r.choices[0].text)  # the ids spell the text (and an end-of-sequence token, if any)
+    reply = chat(client, return_token_ids=True).model_dump()
+    assert reply["prompt_token_ids"] == http.post("/tokenize", json={"model": MODEL, "messages": QUESTION}).json()[
+        "tokens"]
+    assert len(reply["choices"][0]["token_ids"]) == reply["usage"]["completion_tokens"]
+
+
 # -- refusals ---------------------------------------------------------------------------------------------
 
 

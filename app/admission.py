@@ -134,7 +134,15 @@ class Admission:
         self._closed_reason: str | None = None
 
     def retry_after_s(self) -> float:
-        """A fair guess at when a slot frees up: the queue ahead, served max_running at a time."""
+        """When a place frees up. With the engine's pace measured, the same predictor that sets `over_time_target`'s
+        Retry-After: the predicted moment the first queued request starts (the earliest end among those running),
+        which frees a place in the queue. Before that, the mean time in the engine times the queue's rounds."""
+        if self.pace is not None:
+            now = time.monotonic()
+            first_free = self.pace.predict(Work(prompt_tokens=1, max_tokens=1),
+                                           (t.work(now) for t in self._running_tickets), (), self.max_running)
+            if first_free is not None:
+                return min(60.0, max(1.0, first_free.start_s))
         rounds = (len(self._waiting) + 1) / self.max_running
         return min(60.0, max(1.0, self._mean_run_s * rounds))
 

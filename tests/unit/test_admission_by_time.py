@@ -10,7 +10,7 @@ import math
 import pytest
 
 from app.admission import Admission, Targets
-from app.errors import OverTimeTarget
+from app.errors import OverTimeTarget, QueueFull
 from app.fake_engine import FakeEngine
 from app.pace import EnginePace
 from tests.support.fake_stack import Stack, chat_body, make_config
@@ -190,3 +190,20 @@ async def test_a_request_cut_short_does_not_teach_the_pace_a_short_output():
         ticket.produced(9 if not completed else 99)  # the hung-up ones stopped at 10 of 100
         ticket.release(completed=completed)
     assert pace.stats(1).output_share == 1.0
+
+
+async def test_a_full_queue_says_to_retry_when_the_pace_predicts_a_place_frees():
+    """One estimator for both refusals: `queue_full`'s Retry-After is the predicted earliest end of what runs."""
+    admission = Admission(max_running=1, max_queued=1, token_budget=10_000, queue_timeout_s=60, pace=_paced())
+    running = admission.reserve()
+    await running.admit(110, 60, prompt_tokens=10, max_steps=100)
+    running.produced(1)  # 99 steps of 0.1 s left: about 9.9 s, times the measured lateness
+    queued = admission.reserve()
+    waiting = asyncio.create_task(queued.admit(20, 60, prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as refused:
+        admission.reserve()
+    assert 9 <= refused.value.retry_after_s <= 60  # not the count-based guess (1 s: no run measured yet)
+    running.release()
+    await asyncio.wait_for(waiting, 5)
+    queued.release()

@@ -149,3 +149,23 @@ def test_bad_tool_requests_are_400s_before_any_byte(client, kwargs, param, strea
     body = err.value.body
     assert err.value.status_code == 400 and set(body) == {"message", "type", "param", "code"}, body
     assert body["param"] == param, body
+
+
+def test_langchain_binds_tools(service):
+    """LangChain's OpenAI chat model with bound tools, as agent frameworks use it: a forced call comes back as
+    an AIMessage tool call whose args validate, and the tool's answer goes back for the model's reply."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    from tests.integration.conftest import API_KEY
+
+    llm = ChatOpenAI(base_url=f"{service.base_url}/v1", api_key=API_KEY, model=MODEL, temperature=0, max_tokens=120,
+                     max_retries=0)
+    bound = llm.bind_tools(TOOLS, tool_choice="get_weather", parallel_tool_calls=False)
+    question = HumanMessage("What is the weather in Paris?")
+    reply = bound.invoke([question])
+    (call,) = reply.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(call["args"], WEATHER)
+    answer = llm.invoke([question, reply, ToolMessage("18 degrees, sunny", tool_call_id=call["id"])])
+    assert answer.content and not answer.tool_calls

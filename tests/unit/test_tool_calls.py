@@ -389,3 +389,24 @@ def test_the_vllm_engine_turns_parsed_calls_into_neutral_deltas():
     assert calls[0].name == "ping" and calls[0].id is not None
     assert json.loads("".join(c.arguments for c in calls)) == {}
     assert delta.finish_reason == "stop"
+
+
+async def test_langchain_binds_tools(stack):
+    """LangChain's OpenAI chat model with bound tools (as agent frameworks use it), in-process: a forced call
+    comes back as an AIMessage tool call, and the tool's answer goes back for the reply."""
+    import httpx
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=stack.app))
+    llm = ChatOpenAI(base_url="http://test/v1", api_key="x", model=MODEL_ID, max_retries=0, http_async_client=http,
+                     max_tokens=60)
+    bound = llm.bind_tools(TOOLS, tool_choice="get_weather", parallel_tool_calls=False)
+    question = HumanMessage("What is the weather in Paris?")
+    reply = await bound.ainvoke([question])
+    (call,) = reply.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(call["args"], WEATHER)
+    answer = await llm.ainvoke([question, reply, ToolMessage("sunny", tool_call_id=call["id"])])
+    assert answer.content and not answer.tool_calls
+    await http.aclose()

@@ -50,10 +50,12 @@ FUZZ_SETTINGS = dict(derandomize=True, deadline=None, database=None, suppress_he
 OPERATIONS = [
     ("POST", "/v1/chat/completions", BODY_EXAMPLES),
     ("POST", "/v1/completions", BODY_EXAMPLES),
+    ("POST", "/v1/responses", BODY_EXAMPLES),
     ("POST", "/tokenize", BODY_EXAMPLES),
     ("POST", "/detokenize", BODY_EXAMPLES),
     ("GET", "/v1/models/{model_id}", LOOKUP_EXAMPLES),
     ("GET", "/v1/models", PLAIN_EXAMPLES),
+    ("GET", "/version", PLAIN_EXAMPLES),
     ("GET", "/livez", PLAIN_EXAMPLES),
     ("GET", "/health", PLAIN_EXAMPLES),
     ("GET", "/stats", PLAIN_EXAMPLES),

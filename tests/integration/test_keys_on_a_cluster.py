@@ -1,5 +1,6 @@
-"""API keys given in the launching shell reach the replicas when the service is deployed onto an existing Ray
-cluster (`RAY_ADDRESS`): they are resolved where the app is built, not read from each replica's environment."""
+"""`python -m app serve` with `RAY_ADDRESS` deploys onto an existing multi-node Ray cluster (the local cluster of
+`python -m app cluster up`: a head and a worker node), and API keys given in the launching shell reach the replicas
+there: they are resolved where the app is built, not read from each replica's (or node's) environment."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import httpx
 import pytest
 import yaml
 
-from loadkit.service import ProcessGroup, child_env, free_port
+from loadkit.service import ProcessGroup, free_port
 from tests.integration.conftest import MODEL, REPO, STARTUP_TIMEOUT_S, Service, base_config, stop_service
-from tests.support.ray_cluster import LOOPBACK_CLUSTER_ENV, ray_head
+from tests.support.ray_cluster import running_local_cluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -19,14 +20,14 @@ KEY = "key-from-the-launching-shell"
 
 
 def test_keys_from_the_shell_reach_replicas_on_an_existing_cluster(tmp_path):
-    with ray_head(tmp_path) as address:
+    with running_local_cluster(tmp_path, workers=1) as cluster:  # no key in any node's environment
         config = base_config(free_port())
         config["service"]["api_keys"] = []  # none in the file: only the shell has one
         path = tmp_path / "config.yaml"
         path.write_text(yaml.safe_dump(config))
         group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),
                               "--startup-timeout", str(STARTUP_TIMEOUT_S)],
-                             cwd=REPO, env=child_env(RAY_ADDRESS=address, APP_API_KEYS=KEY, **LOOPBACK_CLUSTER_ENV),
+                             cwd=REPO, env=cluster.env(APP_API_KEYS=KEY),
                              log_path=tmp_path / "service.log")
         svc = Service(f"http://127.0.0.1:{config['service']['port']}", group)
         try:

@@ -1,16 +1,15 @@
-"""Ray clusters the tests start with Ray's own tool, `ray start --block`: a single head bound to loopback
-(`ray_head`), and the multi-node local cluster of `python -m app cluster up` (`running_local_cluster`).
+"""The multi-node local Ray cluster of `python -m app cluster up` (app/local_cluster.py: Ray's own
+`ray start --block` per node), for the tests that deploy onto an existing cluster (`running_local_cluster`).
 
-`--block` makes the `ray start` process own its node: stopping its process group (loadkit.service.ProcessGroup)
-stops every process of that node. Deploying onto it is the `RAY_ADDRESS` path users take with an existing
-cluster (and what KubeRay gives a RayService).
+`--block` makes each `ray start` process own its node: stopping its session stops every process of that node.
+Deploying onto it is the path users take with an existing cluster (`RAY_ADDRESS`, `serve deploy`), and what
+KubeRay gives a RayService.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,35 +23,10 @@ import psutil
 import yaml
 
 from app import local_cluster
-from loadkit.service import ProcessGroup, child_env, free_port, wait_until
-from tests.support.waiting import wait_until as wait_for
+from loadkit.service import child_env
+from tests.support.waiting import wait_until
 
-RAY = str(Path(sys.executable).with_name("ray"))
 SERVE = str(Path(sys.executable).with_name("serve"))
-# For the head and for every process that connects to it: node addresses on loopback (Ray otherwise turns
-# 127.0.0.1 into the machine's interface address), and Ray's token authentication on both sides.
-LOOPBACK_CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@contextmanager
-def ray_head(tmp: Path, num_cpus: int = 2) -> Iterator[str]:
-    """A head node with `num_cpus` CPUs for the duration of the block; yields its address."""
-    port = free_port()
-    group = ProcessGroup([RAY, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-                          f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"],
-                         cwd=tmp, env=child_env(**LOOPBACK_CLUSTER_ENV), log_path=tmp / "ray-head.log")
-    try:
-        if not wait_until(lambda: _listening(port), timeout_s=60, gave_up=lambda: not group.running()):
-            raise RuntimeError(f"the Ray head did not start; log tail:\n{group.log_tail()}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        report = group.stop(sigint_wait_s=0, sigterm_wait_s=40)
-        assert report.clean, report.text()
 
 
 @dataclass(frozen=True)
@@ -102,8 +76,8 @@ class LocalCluster:
 
     def wait_replicas(self, app: str, deployment: str, running: int, timeout_s: float = 600) -> None:
         """Until exactly `running` replicas run and none is starting, stopping or updating."""
-        wait_for(lambda: self.replica_states(app, deployment) == {"RUNNING": running}, timeout_s=timeout_s,
-                 interval_s=2, what=f"{running} running replica(s) of {deployment} and no other")
+        wait_until(lambda: self.replica_states(app, deployment) == {"RUNNING": running}, timeout_s=timeout_s,
+                   interval_s=2, what=f"{running} running replica(s) of {deployment} and no other")
 
     def replicas(self, deployment: str) -> list[ReplicaActor]:
         """The live replica actors of `deployment`, with the worker node each runs on (Ray's state API)."""

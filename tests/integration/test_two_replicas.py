@@ -28,6 +28,10 @@ def test_a_killed_engine_costs_no_request_sent_after_the_first_seconds(tmp_path)
     config = base_config(free_port())
     config["models"][0]["deployment"]["num_replicas"] = 2
     with running_stack(tmp_path, config) as svc:
+        # The ingress answers /health once one replica serves; the other may still be loading its engine. Each
+        # replica logs its ready line, and the CLI's log carries the replicas' lines.
+        wait_until(lambda: svc.log_path.read_text(errors="replace").count(f"model {MODEL} ready in") >= 2,
+                   timeout_s=300, interval_s=1, what="both replicas' engines ready")
         cores = engine_cores(svc)
         assert len(cores) == 2, cores
         if len(os.sched_getaffinity(0)) >= 2:

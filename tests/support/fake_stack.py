@@ -8,7 +8,10 @@ its fixtures from these; test modules import them as `from tests.support.fake_st
 from __future__ import annotations
 
 import copy
+import socket
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +88,21 @@ class Stack:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+@asynccontextmanager
+async def listening(stack: Stack) -> AsyncIterator[str]:
+    """`stack`'s app on a real socket (the replica's own listener), so a client's hang-up is seen as on the real
+    stack; yields the base URL, and stops the listener and the stack after."""
+    from app.http_listener import HttpListener
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listener = HttpListener(stack.app, "127.0.0.1", port)
+    listener.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await listener.stop()
+        await stack.aclose()

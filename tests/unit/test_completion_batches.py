@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from app.fake_engine import ANSWER, FakeEngine
-from tests.support.fake_stack import MODEL_ID, Stack, make_config
+from tests.support.fake_stack import MODEL_ID, Stack, listening, make_config
 from tests.support.sse import parse
 from tests.support.waiting import until
 
@@ -81,19 +81,12 @@ async def test_bad_batches(client, prompt, param):
 
 
 async def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt():
-    import socket
 
-    from app.http_listener import HttpListener
 
     engine = FakeEngine(max_model_len=256, token_delay_s=0.3)
     stack = Stack(make_config(), engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    listener = HttpListener(stack.app, "127.0.0.1", port)
-    listener.start()
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+    async with listening(stack) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
             async with client.stream("POST", "/v1/completions",
                                      json=body(["a", "b", "c"], stream=True, max_tokens=50)) as resp:
                 assert resp.status_code == 200
@@ -102,9 +95,6 @@ async def test_a_client_that_leaves_a_streamed_batch_aborts_every_prompt():
                         break
         await engine.wait_aborted(count=3)
         await until(lambda: stack.host.admission.stats().in_system == 0, what="every prompt's slot released")
-    finally:
-        await listener.stop()
-        await stack.aclose()
 
 
 async def test_a_batch_larger_than_the_free_slots_still_runs(client, stack):

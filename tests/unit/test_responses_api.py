@@ -6,7 +6,6 @@ the stateless refusals, and chat's admission and errors on the new route."""
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import jsonschema
@@ -14,10 +13,9 @@ import openai
 import pytest
 
 from app.fake_engine import ANSWER, FakeEngine
-from app.http_listener import HttpListener
 from app.responses_request import ResponsesRequest
 from tests.support.error_shape import assert_error_shape
-from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, Stack, make_config
+from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, Stack, listening, make_config
 from tests.support.waiting import until
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -177,13 +175,8 @@ async def test_a_client_that_leaves_a_stream_aborts_the_engine_request():
     # A real socket (the replica's own listener): a client's hang-up is seen as on the real stack.
     engine = FakeEngine(max_model_len=256, token_delay_s=0.3)  # the answer's 9 tokens take 2.7 s
     stack = Stack(make_config(), engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    listener = HttpListener(stack.app, "127.0.0.1", port)
-    listener.start()
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+    async with listening(stack) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
             body = {"model": MODEL_ID, "input": "Hello", "stream": True}
             async with client.stream("POST", "/v1/responses", json=body) as resp:
                 assert resp.status_code == 200
@@ -192,6 +185,3 @@ async def test_a_client_that_leaves_a_stream_aborts_the_engine_request():
                         break
         await engine.wait_aborted(count=1)
         await until(lambda: stack.host.admission.stats().in_system == 0, what="the admission slot released")
-    finally:
-        await listener.stop()
-        await stack.aclose()

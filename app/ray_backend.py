@@ -48,8 +48,9 @@ class Refused:
 
 
 def _worth_another_replica(err: BaseException) -> bool:
-    """Refusals that say something about the replica, not the request: another replica may take it."""
-    return isinstance(err, (QueueFull, ServiceUnavailable, *_UNAVAILABLE))
+    """Refusals (already `translate`d: a dead replica is a ServiceUnavailable) that say something about the
+    replica, not the request: another replica may take it."""
+    return isinstance(err, (QueueFull, ServiceUnavailable))
 
 
 def translate(err: BaseException) -> BaseException:
@@ -107,7 +108,7 @@ class HandleBackend:
                 if answered or last or not _worth_another_replica(error):
                     raise error from None
                 avoid += (refused_by,) if refused_by else ()
-                self.retried[getattr(error, "code", None) or type(error).__name__] += 1
+                self.retried[cast(ServiceError, error).code or type(error).__name__] += 1
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          request.trace_id or request.request_id, refused_by or "?", error, attempt + 1, ATTEMPTS)
             finally:

@@ -28,16 +28,42 @@ def _two(found: list[psutil.Process]) -> list[psutil.Process] | None:
     return found if len(found) == 2 else None
 
 
+def _both_ready(svc) -> list[psutil.Process] | None:
+    ready = svc.log_path.read_text(errors="replace").count(f"model {MODEL} ready in")
+    return _two(engine_cores(svc)) if ready >= 2 else None
+
+
+def _tree(svc) -> list[str]:
+    out = []
+    for p in psutil.Process(svc.proc.pid).children(recursive=True):
+        try:
+            out.append(f"{p.pid}<{p.ppid()} {p.status()} {' '.join(p.cmdline())[:80]}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _story(svc, last: int = 60) -> str:
+    """The service log's lines about replicas and engines (no access or request lines): what to read when the
+    two engines are not both there."""
+    keep = ("ready in", "restart", "wedge", "Error", "error", "died", "unhealthy", "Adding", "Removing", "replica",
+            "killed")
+    lines = [ln[:300] for ln in svc.log_path.read_text(errors="replace").splitlines()
+             if any(k in ln for k in keep) and "engine request" not in ln and '"access"' not in ln]
+    return "\n".join(lines[-last:])
+
+
 def test_a_killed_engine_costs_no_request_sent_after_the_first_seconds(tmp_path):
     config = base_config(free_port())
     config["models"][0]["deployment"]["num_replicas"] = 2
     with running_stack(tmp_path, config) as svc:
         # The ingress answers /health once one replica serves; the other may still be loading its engine. Each
-        # replica logs its ready line, and the CLI's log carries the replicas' lines.
-        wait_until(lambda: svc.log_path.read_text(errors="replace").count(f"model {MODEL} ready in") >= 2,
-                   timeout_s=300, interval_s=1, what="both replicas' engines ready")
-        cores = wait_until(lambda: _two(engine_cores(svc)), timeout_s=120, interval_s=1,
-                           what="both replicas' EngineCore processes")
+        # replica logs its ready line (the CLI's log carries the replicas' lines), and then has its EngineCore.
+        try:
+            cores = wait_until(lambda: _both_ready(svc), timeout_s=420, interval_s=1,
+                               what="both replicas' engines ready, each with its EngineCore process")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; its processes: {_tree(svc)}; the service's story:\n{_story(svc)}") from None
         if len(os.sched_getaffinity(0)) >= 2:
             bound = [set(os.sched_getaffinity(p.pid)) for p in psutil.Process(svc.proc.pid).children(recursive=True)
                      if "VLLM::Worker" in p.name()]

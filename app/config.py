@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, from_environment, is_digest
+from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, is_digest
 from app.api_keys import resolve as resolve_keys
 
 DEFAULT_MODEL_SOURCE = "default"
@@ -277,10 +277,6 @@ class AppConfig(_Strict):
 
     def model(self, model_id: str) -> ModelConfig | None:
         return next((m for m in self.models if m.id == model_id), None)
-
-    def api_keys(self) -> frozenset[str]:
-        """The config's keys and this process's ${APP_API_KEYS}, as given (plain or digests)."""
-        return frozenset((*self.service.api_keys, *from_environment()))
 
     def with_resolved_keys(self) -> AppConfig:
         """This config with every key (the file's and this process's environment's) as a digest in

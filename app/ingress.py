@@ -35,7 +35,8 @@ def create_app(
     answers the socket (see `IngressState.behind_serve_proxy`). `watch_event_loop`: run the event-loop lag
     probe (loop_lag.py) on the loop that serves the first request; the replicas do, tests need not."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
-    keys = ApiKeys.of(config.api_keys())
+    # Resolved where the app was built (api_keys.py), never from this replica's own environment.
+    keys = ApiKeys.of(config.service.api_keys)
     if keys:
         log.info(
             "authentication on: %d API key(s); every route but %s needs one",

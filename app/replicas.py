@@ -88,7 +88,7 @@ def _serve_proxy_host() -> str | None:
 def _refuse_open_access(config: AppConfig, listen: bool) -> None:
     """No API key and reachable beyond loopback: refuse to start (or warn, per `service.without_api_keys`).
     Reachable: the replica's own socket on a non-loopback `service.host`, or Serve's proxy bound to one."""
-    if ApiKeys.of(config.api_keys()):
+    if ApiKeys.of(config.service.api_keys):
         return
     where = config.service.host if listen else _serve_proxy_host()
     if where is None:

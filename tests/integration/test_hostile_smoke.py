@@ -1,12 +1,12 @@
-"""Smoke test for scripts/hostile.py (the command line of loadkit.hostile) against a real stack of its own.
+"""Smoke test for scripts/hostile.py (the command line of loadkit.hostile) against a real stack it may break.
 
-The stack is conftest's (`running_stack` on `base_config`: 4 running + 4 queued, the default model) with the
-connection clocks cut to a few seconds and `max_logprobs` 20. The driver drives it by URL with tiny counts: 5
-non-readers (n 4 and top_logprobs 20: a few KB per token step, so that each never-read stream fills the ~160 KB
-of buffers in front of the write-stall clock within seconds; a plain stream on this CPU takes minutes), 20 idle,
-5 slowloris, 2 huge header blocks, 2 giant prompts and a short /tokenize flood, beside its polite client. Its
-report's targets must all pass (their bounds are generous here: a smoke test, not a measurement), and the
-service must be idle afterwards.
+The stack is the spare one (tests/support/stacks.py: conftest's `running_stack` on `base_config`, 4 running + 4
+queued, the default model, with the connection clocks cut to a few seconds and `max_logprobs` 20). The driver
+drives it by URL with tiny counts: 5 non-readers (n 4 and top_logprobs 20: a few KB per token step, so that each
+never-read stream fills the ~160 KB of buffers in front of the write-stall clock within seconds; a plain stream on
+this CPU takes minutes), 20 idle, 5 slowloris, 2 huge header blocks, 2 giant prompts and a short /tokenize flood,
+beside its polite client. Its report's targets must all pass (their bounds are generous here: a smoke test, not
+a measurement), and the service must be idle afterwards.
 """
 
 from __future__ import annotations
@@ -17,24 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import API_KEY, MODEL, REPO, base_config, free_port, running_stack
+from tests.integration.conftest import API_KEY, MODEL, REPO
+from tests.support.stacks import CLOCKS
 
 pytestmark = pytest.mark.integration
+pytest_plugins = ["tests.support.stacks"]
 
-CLOCKS = {"header_timeout": 2.0, "body_timeout": 3.0, "keep_alive_timeout": 3.0, "write_stall_timeout": 3.0}
 TINY = {"non-readers": 5, "non-reader-n": 4, "non-reader-logprobs": 20, "idle": 20, "slowloris": 5,
         "huge-headers": 2, "huge-header-mb": 1, "giant-prompts": 2, "tokenize-clients": 2, "tokenize-requests": 20,
         "duration": 45, "baseline": 2, "serve-grace": 60, "settle-timeout": 60}
 RUN_TIMEOUT_S = 420  # a bound on the whole driver run, so a hang fails the test instead of stalling the suite
-
-
-@pytest.fixture(scope="module")
-def hostile_stack(tmp_path_factory):
-    config = base_config(free_port())
-    config["service"].update({f"{k}_s": v for k, v in CLOCKS.items()})
-    config["models"][0]["limits"]["max_logprobs"] = 20
-    with running_stack(tmp_path_factory.mktemp("hostile-stack"), config) as svc:
-        yield svc
 
 
 def _target_rows(report: str) -> list[str]:
@@ -42,9 +34,9 @@ def _target_rows(report: str) -> list[str]:
     return [row for row in report.splitlines() if row.startswith("| ") and ("**PASS**" in row or "**FAIL**" in row)]
 
 
-def test_the_hostile_driver_with_tiny_counts_passes_its_targets_and_leaves_the_service_idle(hostile_stack,
+def test_the_hostile_driver_with_tiny_counts_passes_its_targets_and_leaves_the_service_idle(own_service,
                                                                                             tmp_path: Path):
-    svc = hostile_stack
+    svc = own_service
     flags = [*(f"--{k.replace('_', '-')}={v:g}" for k, v in CLOCKS.items()), *(f"--{k}={v}" for k, v in TINY.items())]
     report_path = tmp_path / "hostile.md"
     proc = subprocess.run(

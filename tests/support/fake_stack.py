@@ -83,7 +83,8 @@ class Stack:
         self.config = config
         self.engine = engine
         self.host = EngineHost(config.models[0], engine, config.service)
-        self.app = create_app(config, {config.models[0].id: self.host})
+        # Keys resolved as the builder resolves them (the file's and this process's APP_API_KEYS, as digests).
+        self.app = create_app(config.with_resolved_keys(), {config.models[0].id: self.host})
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test", timeout=10)
 
     async def aclose(self) -> None:

@@ -6,6 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from app.api_keys import digest_of
 from app.config import API_KEYS_ENV, AppConfig, ConfigError, load_config, parse_config
 from tests.support.fake_stack import REPO_ROOT, config_dict
 
@@ -108,14 +109,14 @@ def test_api_keys_merge_env(monkeypatch):
     data["service"] = {"api_keys": ["from-file"]}
     cfg = parse_config(data)
     monkeypatch.delenv(API_KEYS_ENV, raising=False)
-    assert cfg.api_keys() == frozenset({"from-file"})
+    assert cfg.with_resolved_keys().service.api_keys == (digest_of("from-file"),)
     monkeypatch.setenv(API_KEYS_ENV, " env-a ,env-b,, ")
-    assert cfg.api_keys() == frozenset({"from-file", "env-a", "env-b"})
+    assert set(cfg.with_resolved_keys().service.api_keys) == {digest_of(k) for k in ("from-file", "env-a", "env-b")}
 
 
 def test_no_api_keys_by_default(monkeypatch):
     monkeypatch.delenv(API_KEYS_ENV, raising=False)
-    assert parse_config(config_dict()).api_keys() == frozenset()
+    assert parse_config(config_dict()).with_resolved_keys().service.api_keys == ()
 
 
 def test_config_is_frozen():

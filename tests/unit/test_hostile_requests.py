@@ -162,7 +162,7 @@ def test_keys_are_resolved_where_the_app_is_built_and_reach_replicas_as_digests(
     assert set(resolved.service.api_keys) == {digest_of("from-the-shell"), digest_of("from-the-file")}
     assert not {"from-the-shell", "from-the-file"} & set(resolved.service.api_keys)  # no plain key travels
     monkeypatch.delenv("APP_API_KEYS")  # a replica elsewhere: its environment has no keys
-    assert ApiKeys.of(resolved.api_keys()).accept(b"Bearer from-the-shell")
+    assert ApiKeys.of(resolved.service.api_keys).accept(b"Bearer from-the-shell")
 
 
 def test_reachable_beyond_loopback_without_keys_refuses_to_start_unless_told_to_warn(monkeypatch):

@@ -82,6 +82,11 @@ class GenerateRequest:
     # tighten the model's.
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
+    # A continuation (app/continuation.py): the rest of a request another replica failed under, whose client has
+    # had its first token. Its prompt's last `resumed_tokens` ids are output being resumed: they count against
+    # the context, not the prompt limit, and no first-token target applies.
+    continuation: bool = False
+    resumed_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Admitted:
 
     prompt_tokens: int
     prompt_text: str | None = None
+    replica: str = ""  # the engine replica's id, across the Ray handle (logged when a request moves)
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,7 @@ class EngineHost:
         self._require_ready()
         # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
         # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
-        self.prompts.refuse_certainly_too_long(request.prompt)
+        self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
         self.admission.refuse_if_full()
         arrived = time.monotonic()
         loop = asyncio.get_running_loop()
@@ -293,7 +293,8 @@ class EngineHost:
     def _targets(self, request: GenerateRequest, arrived: float) -> Targets:
         """The model's targets, tightened by the request's own, less the time already spent (tokenizing)."""
         dep, spent = self.model.deployment, time.monotonic() - arrived
-        first = tightest(dep.ttft_target_s, request.ttft_target_s)
+        # A continuation's client has had its first token (app/continuation.py).
+        first = None if request.continuation else tightest(dep.ttft_target_s, request.ttft_target_s)
         finish = tightest(dep.request_target_s, request.finish_target_s)
         return Targets(
             first_token_s=None if first is None else first - spent,

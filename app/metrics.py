@@ -77,10 +77,11 @@ class Metrics:
         )
 
     def render(self, replica_stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
-               ) -> bytes:
+               migrated: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
         """`retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
-        (`ray_backend.HandleBackend.retried`)."""
-        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried or {}))
+        (`ray_backend.HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
+        their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`)."""
+        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
 
 
 def _or_nan(value: float | None) -> float:
@@ -90,9 +91,11 @@ def _or_nan(value: float | None) -> float:
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
-    def __init__(self, stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None):
+    def __init__(self, stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+                 migrated: Mapping[str, Mapping[str, int]] | None = None):
         self._stats = stats
         self._retried = retried or {}
+        self._migrated = migrated or {}
 
     def collect(self) -> Iterable[Metric]:
         gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
@@ -168,6 +171,16 @@ class _Snapshot:
             for reason, count in sorted(by_reason.items()):
                 retries.add_metric([model, reason], count)
         yield retries
+        moves = CounterMetricFamily(
+            "app_requests_migrated",
+            "Choices the ingress resumed on another replica after theirs failed mid-answer (outcome 'resumed'), "
+            "and requests that could not continue elsewhere (outcome 'unresumable').",
+            labels=["model_name", "outcome"],
+        )
+        for model, by_outcome in self._migrated.items():
+            for outcome, count in sorted(by_outcome.items()):
+                moves.add_metric([model, outcome], count)
+        yield moves
 
 
 class RequestTimer:

@@ -54,9 +54,11 @@ async def prometheus_metrics(request: Request) -> Response:
             per_model[model_id] = await asyncio.wait_for(b.stats(), timeout=_PROBE_TIMEOUT_S)
         except Exception:  # a dead or busy replica must not break the scrape of everything else
             pass
-    # Only the ingress tier retries (ray_backend.HandleBackend keeps the counts); an in-process host has none.
+    # Only the ingress tier retries and migrates (ray_backend.HandleBackend keeps the counts); an in-process host
+    # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
-    return Response(state.metrics.render(per_model, retried), media_type=METRICS_CONTENT_TYPE)
+    migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
+    return Response(state.metrics.render(per_model, retried, migrated), media_type=METRICS_CONTENT_TYPE)
 
 
 async def _ready(backend: Backend) -> bool:

@@ -45,13 +45,13 @@ class PromptTokenizer:
     async def in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def refuse_certainly_too_long(self, prompt: PromptInput) -> None:
+    def refuse_certainly_too_long(self, prompt: PromptInput, resumed_tokens: int = 0) -> None:
         """A 400 from the prompt's size alone: no text of N characters has fewer than N / max_token_chars
         tokens, and a chat template only adds tokens. Measured before this: a dozen prompts of 1 MB each held
         every admission slot while they waited for the tokenizer, only to fail with 400."""
         limit = self.model.max_prompt_tokens
         if prompt.token_ids is not None:
-            at_least, size = len(prompt.token_ids), ""
+            at_least, size = len(prompt.token_ids) - resumed_tokens, ""
         else:
             chars = len(prompt.text or "") + sum(len(m.get("content") or "") for m in prompt.messages or ())
             at_least, size = -(-chars // max(1, self.engine.max_token_chars)), f" ({chars} characters)"
@@ -116,7 +116,7 @@ class PromptTokenizer:
     def fit_to_context(self, prompt_tokens: int, request: GenerateRequest) -> GenerationParams:
         params = request.params
         param = prompt_param(request.prompt)
-        self.refuse_long_prompt(prompt_tokens, request.prompt)
+        self.refuse_long_prompt(prompt_tokens - request.resumed_tokens, request.prompt)
         n_ctx = self.model.engine.max_model_len
         if prompt_tokens + params.max_tokens <= n_ctx:
             return params

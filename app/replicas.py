@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -23,7 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.api_keys import API_KEYS_ENV, ApiKeys
 from app.config import LOOPBACK_HOSTS, AppConfig, ConfigError, ModelConfig, ServiceConfig
-from app.engine import Engine, GenerateRequest, PromptInput
+from app.engine import Admitted, Engine, GenerateRequest, PromptInput
 from app.errors import ServiceError
 from app.host import EngineHost, ReplicaStats
 from app.http_listener import HttpListener
@@ -136,7 +137,7 @@ class EngineReplica:
         `avoid` is for the router only (replicas that already refused this request)."""
         try:
             async for item in self.host.generate(request):
-                yield item
+                yield replace(item, replica=self._replica_id) if isinstance(item, Admitted) else item
         except ServiceError as err:
             yield Refused(err, self._replica_id)
 

@@ -1,0 +1,176 @@
+"""A request whose replica fails after answering continues on another replica (app/continuation.py, driven by
+`ray_backend.HandleBackend`): the client's stream goes on with one `Admitted`, every token once, under the
+original choice indices; the continuation's prompt is the prompt's ids plus the choice's own, with the tokens
+still allowed; requests whose state stays with the replica end with the retryable 503 instead."""
+
+from __future__ import annotations
+
+import pytest
+from ray.exceptions import ActorDiedError
+
+from app.continuation import Continuation
+from app.engine import Admitted, ChoiceDelta, GenerationDelta
+from app.errors import RequestTimeout, ServiceUnavailable
+from app.ray_backend import ATTEMPTS, HandleBackend, Refused
+from tests.support.fake_stack import make_request
+from tests.support.stand_in_handle import StandInHandle, StandInResponse
+
+PROMPT_IDS = (101, 102, 103)
+
+
+def delta(index: int, ids: tuple[int, ...], finish: str | None = None, first: bool = False) -> GenerationDelta:
+    text = "".join(f"<{i}>" for i in ids)
+    return GenerationDelta(choices=(ChoiceDelta(index=index, text=text, num_tokens=len(ids), finish_reason=finish,
+                                                token_ids=ids),),
+                           prompt_token_ids=PROMPT_IDS if first else None)
+
+
+def text_of(items: list, index: int = 0) -> str:
+    return "".join(c.text for d in items if isinstance(d, GenerationDelta) for c in d.choices if c.index == index)
+
+
+async def collect(backend: HandleBackend, request) -> list:
+    return [item async for item in backend.generate(request)]
+
+
+async def test_a_stream_lost_after_answering_continues_on_another_replica_with_its_tokens():
+    request = make_request("hello", max_tokens=5, temperature=0, seed=7)
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True), delta(0, (2,))],
+                           fail=ActorDiedError())
+    rest = StandInResponse([Admitted(5, replica="r2"), delta(0, (3,), first=True), delta(0, (4, 5), "length")])
+    handle = StandInHandle(responses=[lost, rest])
+    backend = HandleBackend(handle)
+    items = await collect(backend, request)
+
+    assert [i for i in items if isinstance(i, Admitted)] == [Admitted(3, replica="r1")]  # one, the prompt once
+    assert text_of(items) == "<1><2><3><4><5>"
+    assert sum(c.num_tokens for d in items[1:] for c in d.choices) == 5
+    assert items[-1].choices[0].finish_reason == "length"
+    # The client did not ask for token ids: none reach it, though the replicas were asked for them.
+    assert all(c.token_ids is None for d in items[1:] for c in d.choices)
+    assert all(d.prompt_token_ids is None for d in items[1:])
+    (_, (first, _)), (_, (resumed, avoid)) = handle.calls
+    assert first.params.return_token_ids
+    assert resumed.prompt.token_ids == (*PROMPT_IDS, 1, 2)
+    assert (resumed.params.max_tokens, resumed.params.n, resumed.params.seed) == (3, 1, 7)
+    assert resumed.params.temperature == 0 and resumed.continuation and resumed.resumed_tokens == 2
+    assert resumed.request_id != request.request_id and resumed.timeout_s <= request.timeout_s
+    assert avoid == ("r1",)  # the router leaves the replica that failed out
+    assert backend.migrated == {"resumed": 1}
+
+
+async def test_an_engine_death_refused_mid_stream_moves_and_the_client_s_token_ids_stay_whole():
+    request = make_request("hello", max_tokens=4, return_token_ids=True)
+    dead = ServiceUnavailable("the engine failed while serving this request; retry shortly", retry_after_s=5)
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1, 2), first=True), Refused(dead, "r1")])
+    rest = StandInResponse([Admitted(5, replica="r2"), delta(0, (3,), first=True), delta(0, (4,), "length")])
+    items = await collect(HandleBackend(StandInHandle(responses=[lost, rest])), request)
+    assert [c.token_ids for d in items[1:] for c in d.choices] == [(1, 2), (3,), (4,)]
+    assert [d.prompt_token_ids for d in items[1:]] == [PROMPT_IDS, None, None]  # the prompt's once, at the start
+
+
+async def test_with_n_2_only_the_unfinished_choice_resumes_under_its_own_index():
+    request = make_request("hello", max_tokens=3, n=2)
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True), delta(1, (7,)),
+                            delta(0, (2, 3), "length")], fail=ActorDiedError())
+    rest = StandInResponse([Admitted(4, replica="r2"), delta(0, (8, 9), "length", first=True)])
+    handle = StandInHandle(responses=[lost, rest])
+    items = await collect(HandleBackend(handle), request)
+    assert (text_of(items, 0), text_of(items, 1)) == ("<1><2><3>", "<7><8><9>")
+    assert len(handle.calls) == 2
+    resumed = handle.calls[1][1][0]
+    assert resumed.prompt.token_ids == (*PROMPT_IDS, 7) and resumed.params.max_tokens == 2
+
+
+async def test_with_n_2_both_unfinished_choices_resume_side_by_side():
+    request = make_request("hello", max_tokens=2, n=2)
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True), delta(1, (5,))],
+                           fail=ActorDiedError())
+    # The stand-in answers both continuations in call order; each is a one-choice stream at index 0.
+    handle = StandInHandle(responses=[lost, StandInResponse([Admitted(4), delta(0, (2,), "length", first=True)]),
+                                      StandInResponse([Admitted(4), delta(0, (6,), "length", first=True)])])
+    items = await collect(HandleBackend(handle), request)
+    assert sorted((text_of(items, 0), text_of(items, 1))) == ["<1><2>", "<5><6>"]
+    prompts = sorted(call[1][0].prompt.token_ids for call in handle.calls[1:])
+    assert prompts == [(*PROMPT_IDS, 1), (*PROMPT_IDS, 5)]
+    finishes = [c.finish_reason for d in items[1:] for c in d.choices if c.finish_reason]
+    assert finishes == ["length", "length"]
+
+
+async def test_a_continuation_lost_again_moves_again_until_the_attempts_run_out():
+    request = make_request("hello", max_tokens=10)
+    first = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
+    again = [StandInResponse([Admitted(4, replica=f"r{i + 2}"), delta(0, (2 + i,), first=True)],
+                             fail=ActorDiedError()) for i in range(ATTEMPTS)]
+    handle = StandInHandle(responses=[first, *again])
+    seen = []
+    backend = HandleBackend(handle)
+    with pytest.raises(ServiceUnavailable):
+        async for item in backend.generate(request):
+            seen.append(item)
+    assert text_of(seen) == "<1>" + "".join(f"<{2 + i}>" for i in range(ATTEMPTS))  # nothing repeated
+    assert handle.calls[-1][1][0].prompt.token_ids == (*PROMPT_IDS, *range(1, 1 + ATTEMPTS))
+    assert backend.migrated == {"resumed": ATTEMPTS}
+
+
+@pytest.mark.parametrize("params", [{"json_schema": {"type": "object"}}, {"json_object": True},
+                                    {"auto_tools": ({"type": "function", "function": {"name": "f"}},)}],
+                         ids=["json_schema", "json_object", "auto_tools"])
+async def test_a_request_whose_state_stays_with_the_replica_ends_with_a_retryable_error(params):
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
+    handle = StandInHandle(responses=[lost])
+    backend = HandleBackend(handle)
+    with pytest.raises(ServiceUnavailable, match="cannot continue on another replica") as raised:
+        await collect(backend, make_request("hello", **params))
+    assert raised.value.status == 503 and raised.value.retry_after_s
+    assert len(handle.calls) == 1 and backend.migrated == {"unresumable": 1}
+
+
+async def test_a_request_that_failed_for_its_own_sake_does_not_move():
+    timeout = RequestTimeout("The request ran past its time limit")
+    handle = StandInHandle(responses=[StandInResponse([Admitted(3), delta(0, (1,), first=True), Refused(timeout)])])
+    with pytest.raises(RequestTimeout):
+        await collect(HandleBackend(handle), make_request("hello"))
+    assert len(handle.calls) == 1
+
+
+async def test_lost_before_any_token_resends_the_original_prompt():
+    request = make_request("hello", max_tokens=2)
+    handle = StandInHandle(responses=[StandInResponse([Admitted(3, replica="r1")], fail=ActorDiedError()),
+                                      StandInResponse([Admitted(3), delta(0, (1, 2), "length", first=True)])])
+    items = await collect(HandleBackend(handle), request)
+    assert text_of(items) == "<1><2>" and len([i for i in items if isinstance(i, Admitted)]) == 1
+    resumed = handle.calls[1][1][0]
+    assert resumed.prompt == request.prompt and resumed.resumed_tokens == 0 and resumed.params.max_tokens == 2
+
+
+def test_a_continuation_keeps_a_default_max_tokens_a_default_and_lowers_min_tokens():
+    progress = Continuation(make_request("hello", max_tokens=8, max_tokens_is_default=True, min_tokens=3))
+    progress.observe(Admitted(3))
+    progress.observe(delta(0, (1, 2), first=True))
+    resumed = progress.resume(0, timeout_s=10)
+    assert resumed.params.max_tokens == 6 and resumed.params.max_tokens_is_default  # the replica fits it
+    assert resumed.params.min_tokens == 1 and resumed.timeout_s == 10
+
+
+async def test_the_replica_counts_a_continuation_s_resumed_tokens_against_the_context_not_the_prompt_limit():
+    """limits.max_prompt_tokens 8 (on a context of MAX_MODEL_LEN): a continuation of a 6-token prompt with 5
+    tokens already generated has an 11-token prompt, and is served; the same 11 tokens as a new prompt are not."""
+    from dataclasses import replace
+
+    from app.config import ServiceConfig
+    from app.engine import PromptInput
+    from app.errors import ContextLengthExceeded
+    from app.fake_engine import FakeEngine
+    from app.host import EngineHost
+    from tests.support.fake_stack import MAX_MODEL_LEN, make_config
+
+    model = make_config(limits={"max_prompt_tokens": 8}).models[0]
+    host = EngineHost(model, FakeEngine(max_model_len=MAX_MODEL_LEN), ServiceConfig())
+    request = make_request(PromptInput(token_ids=tuple(range(1, 12))), max_tokens=3)
+    with pytest.raises(ContextLengthExceeded):
+        await anext(host.generate(request))
+    resumed = replace(request, continuation=True, resumed_tokens=5)
+    items = [item async for item in host.generate(resumed)]
+    assert isinstance(items[0], Admitted) and items[0].prompt_tokens == 11
+    assert sum(c.num_tokens for d in items[1:] for c in d.choices) == 3

@@ -7,8 +7,8 @@ existing cluster:
 - as KubeRay deploys it: the `serveConfigV2` of configs/kuberay/rayservice-cpu.yaml, taken from the manifest
   itself, sent with `serve deploy`. Two engine replicas, one per worker node, behind the ingress tier and Serve's
   proxies; clients are the real `openai` SDK. Under a steady load of plain and streaming, greedy and sampled
-  requests: an engine killed costs no request sent once its replica has left the routing set (the ingress
-  retries on the other replica what the dead one refuses), and no request reaches that replica until its new
+  requests: an engine killed costs no request (the ingress continues on the other replica what the dead engine
+  was answering, and retries there what it refuses), and no request reaches that replica until its new
   engine is ready (restarted in place, or Serve's replacement); a rolling update (`serve deploy` of a changed
   config: every replica replaced by a new one, as a scale-up starts one) and scaling 2 -> 1 fail no request.
 
@@ -47,9 +47,6 @@ APP = "llm"
 MODEL = "smollm2-135m-instruct"
 DEPLOYMENT = engine_deployment_name(MODEL)
 START_S = 600  # two engines loading on two shared cores, sometimes beside a load
-# Requests already on a killed engine fail (moving them is issue 13's), and so may those routed before the
-# routing stats (polled every 1 s) and the replica's health check carry the news.
-SETTLE_S = 5.0
 
 
 def manifest_serve_config(port: int) -> dict:
@@ -189,7 +186,7 @@ def _finished_since(cluster: LocalCluster, pid: int, since: float) -> list[float
             if ln["ts"] >= since and ln.get("message") == "engine request" and ln.get("outcome") == "finished"]
 
 
-def test_a_killed_engine_costs_no_request_once_its_replica_left_and_none_reaches_it_while_it_loads(
+def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_loads(
     two_replicas: Deployment,
 ):
     cluster = two_replicas.cluster
@@ -208,11 +205,11 @@ def test_a_killed_engine_costs_no_request_once_its_replica_left_and_none_reaches
         finished = wait_until(lambda: _finished_since(cluster, pid, killed_wall), timeout_s=300, interval_s=1,
                               what=f"replica {replica_id} serving again")
         load.wait_served(10, what="the load served once both replicas run")
-    settled = killed_at + SETTLE_S
-    print(f"kill of {victim_id}'s engine (new engine in {replica_id}): first {SETTLE_S:g} s: "
-          f"{load.summary(killed_at)}; after: {load.summary(settled)}")
-    assert not load.failures(since=settled), load.summary(settled)
-    assert len(load.since(settled)) >= 10
+    print(f"kill of {victim_id}'s engine (new engine in {replica_id}): {load.summary(killed_at)}")
+    # Requests on the killed engine continue on the other replica (app/continuation.py); those refused by it
+    # are retried there: none fails.
+    assert not load.failures(), load.summary(killed_at)
+    assert len(load.since(killed_at)) >= 10
     # That replica's own lines: it finished no request between the kill and its new engine's ready line (it took
     # none while the engine loaded; those on the dead engine failed).
     assert min(finished) >= ready, "a request was served on the replica before its new engine was ready"

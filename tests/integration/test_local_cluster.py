@@ -9,7 +9,8 @@ existing cluster:
   proxies; clients are the real `openai` SDK. Under a steady load of plain and streaming, greedy and sampled
   requests: an engine killed costs no request (the ingress continues on the other replica what the dead engine
   was answering, and retries there what it refuses), and no request reaches that replica until its new
-  engine is ready (restarted in place, or Serve's replacement); a rolling update (`serve deploy` of a changed
+  engine is ready (restarted in place, or Serve's replacement); a replica killed costs no request either,
+  long streams included; a rolling update (`serve deploy` of a changed
   config: every replica replaced by a new one, as a scale-up starts one) and scaling 2 -> 1 fail no request.
 
 The cluster is started once for this module (the guide's once per session: no other module uses one), the
@@ -34,6 +35,7 @@ import yaml
 from app.builder import engine_deployment_name
 from loadkit.service import ProcessGroup
 from tests.integration.conftest import REPO, STARTUP_TIMEOUT_S, Service, base_config, free_port, stop_service
+from tests.support.long_stream import LongStream
 from tests.support.ray_cluster import LocalCluster, running_local_cluster
 from tests.support.steady_load import SteadyLoad
 from tests.support.waiting import wait_until
@@ -214,6 +216,45 @@ def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_
     # none while the engine loaded; those on the dead engine failed).
     assert min(finished) >= ready, "a request was served on the replica before its new engine was ready"
     print(f"the new engine was ready {ready - killed_wall:.1f} s after the kill")
+
+
+def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
+    """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
+    would: Serve replaces the replica; its requests in flight continue on the other replica (app/continuation.py),
+    long greedy streams included, and new ones go there until the replacement is ready."""
+    cluster = two_replicas.cluster
+    before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
+    victim_id, victim_pid = next(iter(before.items()))
+    with two_replicas.load(plain=2, streaming=2) as load:
+        load.wait_served(6, what="steady load before the kill")
+        streams = [LongStream(two_replicas.base_url, KEY, MODEL) for _ in range(4)]
+        for s in streams:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+                   what="every long stream under way")
+        killed_at = time.monotonic()
+        psutil.Process(victim_pid).kill()
+        for s in streams:
+            s.join(timeout=600)
+        wait_until(lambda: victim_id not in {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=120,
+                   interval_s=1, what="the killed replica gone from Serve")
+        cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+        load.wait_served(6, what="the load served once both replicas run")
+    resumed = _ingress_lines(cluster, "resumed on replica")
+    print(f"replica {victim_id} killed: {load.summary(killed_at)}; long streams whole: "
+          f"{sum(s.whole() is None for s in streams)} of {len(streams)}; continuations logged: {len(resumed)}")
+    assert not load.failures(), load.summary(killed_at)
+    for s in streams:
+        assert s.whole() is None, s.whole()
+    assert resumed, "no request was on the killed replica: the test proved nothing about moving one"
+
+
+def _ingress_lines(cluster: LocalCluster, text: str) -> list[str]:
+    """Lines of the ingress replicas' logs (Ray keeps each worker's stderr) that contain `text`."""
+    lines = []
+    for path in cluster.session_logs().glob("worker-*.err"):
+        lines += [ln for ln in path.read_text(errors="replace").splitlines() if text in ln]
+    return lines
 
 
 def test_a_rolling_update_under_load_fails_no_request(two_replicas: Deployment):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 
 import httpx
@@ -20,42 +19,16 @@ import pytest
 
 from tests.integration.conftest import API_KEY, MODEL, base_config, free_port, running_stack
 from tests.support.engine_procs import engine_cores
+from tests.support.long_stream import LONG, LongStream
 from tests.support.steady_load import SteadyLoad
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-LONG = {"messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}],
-        "max_tokens": 96, "temperature": 0, "ignore_eos": True}
 STREAMS = 4  # long greedy streams in flight at the kill: some are on the killed engine
 # Room on one replica for everything (4 long streams, 6 clients of the steady load): while the killed engine is
 # replaced the other replica holds it all; the test's usual 4 + 4 would refuse some of it, honestly, with 429.
 LIMITS = {"max_ongoing_requests": 8, "max_queued_requests": 16}
-
-
-class LongStream(threading.Thread):
-    """One long greedy stream through the SDK: its text, its finish reason and its usage, or its error."""
-
-    def __init__(self, base_url: str):
-        super().__init__(daemon=True)
-        self.base_url = base_url
-        self.text, self.finish, self.usage, self.error, self.tokens_seen = "", None, None, None, 0
-
-    def run(self) -> None:
-        try:
-            with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
-                stream = c.chat.completions.create(model=MODEL, stream=True, stream_options={"include_usage": True},
-                                                   extra_body={"ignore_eos": True}, max_tokens=LONG["max_tokens"],
-                                                   temperature=0, messages=LONG["messages"])
-                for chunk in stream:
-                    if chunk.usage is not None:
-                        self.usage = chunk.usage
-                    for choice in chunk.choices:
-                        self.text += choice.delta.content or ""
-                        self.tokens_seen += 1
-                        self.finish = choice.finish_reason or self.finish
-        except Exception as err:  # recorded and asserted on: a broken stream is the failure under test
-            self.error = f"{type(err).__name__}: {err}"
 
 
 def _migrated(base_url: str) -> float:
@@ -93,7 +66,7 @@ def _story(svc, last: int = 60) -> str:
     return "\n".join(lines[-last:])
 
 
-def test_a_killed_engine_costs_no_request_sent_after_the_first_seconds(tmp_path):
+def test_a_killed_engine_costs_no_request_and_its_streams_continue_on_the_other_replica(tmp_path):
     config = base_config(free_port())
     config["models"][0]["deployment"].update(num_replicas=2, **LIMITS)
     with running_stack(tmp_path, config) as svc:
@@ -109,14 +82,13 @@ def test_a_killed_engine_costs_no_request_sent_after_the_first_seconds(tmp_path)
                      if "VLLM::Worker" in p.name()]
             assert len(bound) == 2 and not bound[0] & bound[1], bound
         with openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
-            reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True},
-                                                  **{k: v for k, v in LONG.items() if k != "ignore_eos"})
+            reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True}, **LONG)
         with SteadyLoad(svc.base_url, API_KEY, MODEL, plain=4, streaming=2) as load:
             load.wait_served(10, what="steady load served")
-            streams = [LongStream(svc.base_url) for _ in range(STREAMS)]
+            streams = [LongStream(svc.base_url, API_KEY, MODEL) for _ in range(STREAMS)]
             for s in streams:
                 s.start()
-            wait_until(lambda: all(s.tokens_seen >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+            wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
                        what="every long stream under way")
             killed_at = time.monotonic()
             cores[0].kill()
@@ -127,13 +99,12 @@ def test_a_killed_engine_costs_no_request_sent_after_the_first_seconds(tmp_path)
             load.wait_served(10, what="the load served with both engines again")
         migrated = _migrated(svc.base_url)
     same = sum(s.text == reference.choices[0].message.content for s in streams)
-    print(f"around the kill: {load.summary(killed_at)}; long greedy streams: {STREAMS} whole, {same} identical "
-          f"to the uninterrupted answer; choices resumed on the other replica: {migrated:g}")
+    whole = sum(s.whole() is None for s in streams)
+    print(f"around the kill: {load.summary(killed_at)}; long greedy streams: {whole} of {STREAMS} whole, {same} "
+          f"identical to the uninterrupted answer; choices resumed on the other replica: {migrated:g}")
     assert not load.failures(), load.summary()
     assert len(load.since(killed_at)) >= 10
     for s in streams:
-        assert s.error is None, s.error
-        assert s.finish == "length" and s.usage is not None, (s.finish, s.usage)
-        assert s.usage.completion_tokens == LONG["max_tokens"], s.usage  # counted over the whole answer
+        assert s.whole() is None, s.whole()  # finish "length", usage counted over the whole answer
         assert s.usage.prompt_tokens == reference.usage.prompt_tokens  # the prompt once, not the continuation's
     assert migrated >= 1, "no stream was on the killed engine: the test proved nothing about moving one"

@@ -4,10 +4,13 @@ streams in flight on it. Two replicas get the ingress tier, which listens on the
 other replica what the dead one refuses, and continues there the requests the dead engine was answering
 (app/continuation.py); the killed engine's replica restarts it in place. No request fails, before or after
 the kill; every long stream ends whole, and the two engines compute on cores of their own (core_claims.py).
+Then an engine is stopped (SIGSTOP: alive and silent, which vLLM's health check does not see): its replica
+declares it wedged (progress_watch.py), and again no request fails.
 A stack of its own (two engines on the machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -66,7 +69,8 @@ def _story(svc, last: int = 60) -> str:
     return "\n".join(lines[-last:])
 
 
-def test_a_killed_engine_costs_no_request_and_its_streams_continue_on_the_other_replica(tmp_path):
+def test_a_killed_or_stopped_engine_costs_no_request_and_its_streams_continue_on_the_other_replica(
+        tmp_path):
     config = base_config(free_port())
     config["models"][0]["deployment"].update(num_replicas=2, **LIMITS)
     with running_stack(tmp_path, config) as svc:
@@ -98,6 +102,9 @@ def test_a_killed_engine_costs_no_request_and_its_streams_continue_on_the_other_
                        interval_s=1, what="a new engine in place of the killed one")
             load.wait_served(10, what="the load served with both engines again")
         migrated = _migrated(svc.base_url)
+        killed = (load, streams, killed_at)
+        stopped = _stop_an_engine_under_load(svc)
+    load, streams, killed_at = killed
     same = sum(s.text == reference.choices[0].message.content for s in streams)
     whole = sum(s.whole() is None for s in streams)
     print(f"around the kill: {load.summary(killed_at)}; long greedy streams: {whole} of {STREAMS} whole, {same} "
@@ -108,3 +115,40 @@ def test_a_killed_engine_costs_no_request_and_its_streams_continue_on_the_other_
         assert s.whole() is None, s.whole()  # finish "length", usage counted over the whole answer
         assert s.usage.prompt_tokens == reference.usage.prompt_tokens  # the prompt once, not the continuation's
     assert migrated >= 1, "no stream was on the killed engine: the test proved nothing about moving one"
+
+    load, streams, stopped_at, resumed = stopped
+    print(f"around the SIGSTOP: {load.summary(stopped_at)}; long greedy streams whole: "
+          f"{sum(s.whole() is None for s in streams)} of {len(streams)}; choices resumed: {resumed:g}")
+    assert not load.failures(), load.summary(stopped_at)
+    for s in streams:
+        assert s.whole() is None, s.whole()
+    assert resumed >= 1, "no stream was on the stopped engine: the test proved nothing about moving one"
+
+
+def _stop_an_engine_under_load(svc) -> tuple[SteadyLoad, list[LongStream], float, float]:
+    """SIGSTOP of one EngineCore (alive, silent: vLLM's health check passes) under the steady load and long
+    streams: its replica sees no progress past its bound (progress_watch.py), ends its requests with a retryable
+    503, and restarts the engine in place; the ingress continues them on the other replica."""
+    before = _migrated(svc.base_url)
+    victim = engine_cores(svc)[0]
+    try:
+        with SteadyLoad(svc.base_url, API_KEY, MODEL, plain=4, streaming=2) as load:
+            load.wait_served(10, what="steady load served before the SIGSTOP")
+            streams = [LongStream(svc.base_url, API_KEY, MODEL) for _ in range(STREAMS)]
+            for s in streams:
+                s.start()
+            wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+                       what="every long stream under way")
+            stopped_at = time.monotonic()
+            victim.suspend()  # SIGSTOP
+            for s in streams:
+                s.join(timeout=600)
+            wait_until(lambda: "restarting in place (wedged" in svc.log_path.read_text(errors="replace"),
+                       timeout_s=300, interval_s=1, what="the stopped engine declared wedged")
+            wait_until(lambda: len(engine_cores(svc)) == 2 and victim not in engine_cores(svc), timeout_s=300,
+                       interval_s=1, what="a new engine in place of the stopped one")
+            load.wait_served(10, what="the load served with both engines again")
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()  # a stopped process outlives SIGTERM: never leave one behind a failed test
+    return load, streams, stopped_at, _migrated(svc.base_url) - before

@@ -174,3 +174,11 @@ async def test_the_replica_counts_a_continuation_s_resumed_tokens_against_the_co
     items = [item async for item in host.generate(resumed)]
     assert isinstance(items[0], Admitted) and items[0].prompt_tokens == 11
     assert sum(c.num_tokens for d in items[1:] for c in d.choices) == 3
+
+
+def test_migrations_are_counted_in_the_metrics_by_outcome():
+    from app.metrics import Metrics
+
+    text = Metrics().render({}, {}, {"m": {"resumed": 3, "unresumable": 1}}).decode()
+    assert 'app_requests_migrated_total{model_name="m",outcome="resumed"} 3.0' in text
+    assert 'app_requests_migrated_total{model_name="m",outcome="unresumable"} 1.0' in text

@@ -64,6 +64,11 @@ class PromptInput:
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     tools: tuple[dict[str, Any], ...] | None = None
+    # How the chat template renders `messages` (vLLM's chat extensions): the assistant's turn opened at the end,
+    # or the final (assistant) message left open to be continued; `template_kwargs`: extra template variables.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,8 +198,10 @@ class Engine(Protocol):
         len(text) / max_token_chars tokens, so a prompt certainly over a limit is refused without tokenizing."""
         ...
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Apply the chat template (with the generation prompt, and `tools` if any) and tokenize."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **template: Any) -> list[int]:
+        """Apply the chat template (with `tools` if any) and tokenize. `template`: `add_generation_prompt`
+        (default true), `continue_final_message` (default false) and any extra template variables."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

@@ -118,8 +118,16 @@ class FakeEngine:
     def max_token_chars(self) -> int:
         return 1  # one token per UTF-8 byte, and a character is at least one byte
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        text = "".join(f"<|{m['role']}|>{m['content']}{_calls(m)}\n" for m in messages) + "<|assistant|>"
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **template: Any) -> list[int]:
+        text = "".join(f"<|{m['role']}|>{m['content']}{_calls(m)}\n" for m in messages)
+        if template.get("continue_final_message"):
+            text = text[:-1]  # the final message left open
+        elif template.get("add_generation_prompt", True):
+            text += "<|assistant|>"
+        extra = {k: v for k, v in template.items() if k not in ("add_generation_prompt", "continue_final_message")}
+        if extra:
+            text = "".join(f"<|{k}={v}|>" for k, v in sorted(extra.items())) + text
         if tools:  # the names only: the fake model's context is small
             text = "<|tools|>" + ",".join(t.get("function", {}).get("name", "") for t in tools) + "\n" + text
         return self.encode(text)

@@ -80,10 +80,15 @@ class PromptTokenizer:
         try:
             if prompt.messages is not None:
                 messages = list(prompt.messages)
+                template: dict[str, Any] = dict(prompt.template_kwargs)  # only what differs from the defaults
+                if not prompt.add_generation_prompt:
+                    template["add_generation_prompt"] = False
+                if prompt.continue_final_message:
+                    template["continue_final_message"] = True
                 ids = (
-                    self.engine.render_chat(messages, list(prompt.tools))
+                    self.engine.render_chat(messages, list(prompt.tools), **template)
                     if prompt.tools
-                    else self.engine.render_chat(messages)
+                    else self.engine.render_chat(messages, **template)
                 )
             elif prompt.text is not None:
                 ids = self.engine.encode(prompt.text)

@@ -42,6 +42,13 @@ MAX_BATCH_PROMPTS = 32
 MAX_BATCH_CHOICES = 64  # prompts x n
 MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit
 MAX_TOOLS_SCHEMA_CHARS = 65_536  # the tools' parameter schemas together, as compact JSON
+# chat_template_kwargs (vLLM: unbounded): variables for the template, not a second prompt.
+MAX_TEMPLATE_KWARGS_CHARS = 8_192
+# What the template is called with already; a kwarg of the same name would replace the request's own.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "conversation", "tools", "documents", "add_generation_prompt",
+                                         "continue_final_message", "tokenize", "return_dict", "chat_template",
+                                         "tokenizer", "return_tensors", "padding", "truncation", "max_length",
+                                         "return_assistant_tokens_mask", "tokenizer_kwargs"})
 # Known OpenAI parameters this service does not implement: a 400 that says so. (Chat takes tools; completions
 # know them only as unsupported.)
 UNSUPPORTED_PARAMETERS = (
@@ -465,11 +472,53 @@ class ChatCompletionRequest(_Request):
     # None: "auto" with tools, "none" without (vLLM's and OpenAI's defaults)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # None: true
+    # vLLM's chat-template extensions (docs/api.md, "Chat templates").
+    add_generation_prompt: bool = Field(True, description="vLLM extension: end the prompt with the assistant's turn.")
+    continue_final_message: bool = Field(
+        False, description="vLLM extension: the answer continues the final (assistant) message instead of a new one."
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM extension: extra variables for the model's chat template."
+    )
+    echo: bool = Field(False, description="vLLM extension: the answer starts with the final message's content "
+                                          "when that message is the assistant's.")
 
     @field_validator("n", mode="before")
     @classmethod
     def _null_n_is_one(cls, value: Any) -> Any:
         return 1 if value is None else value  # vLLM's chat request takes n: null (its completions do not)
+
+    @model_validator(mode="after")
+    def _template_options_consistent(self) -> ChatCompletionRequest:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidRequest(  # vLLM's message
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                param="continue_final_message",
+            )
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise InvalidRequest(
+                "`continue_final_message` continues the final message, which must be the assistant's",
+                param="continue_final_message",
+            )
+        kwargs = self.chat_template_kwargs or {}
+        reserved = sorted(set(kwargs) & RESERVED_TEMPLATE_VARIABLES)
+        if reserved:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {reserved}: the service sets them (use the request's own fields)",
+                param="chat_template_kwargs",
+            )
+        if len(json.dumps(kwargs, default=str)) > MAX_TEMPLATE_KWARGS_CHARS:
+            raise InvalidRequest(
+                f"chat_template_kwargs is over {MAX_TEMPLATE_KWARGS_CHARS} characters as JSON",
+                param="chat_template_kwargs",
+            )
+        return self
+
+    @property
+    def echo_text(self) -> str | None:
+        """With `echo`: the final message's content when it is the assistant's (vLLM's rule), else None."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else None
 
     @model_validator(mode="after")
     def _tools_consistent(self) -> ChatCompletionRequest:
@@ -519,7 +568,10 @@ class ChatCompletionRequest(_Request):
             )
         # The template gets the tools whatever the choice ("none" too), as vLLM gives them by default.
         tools = tuple(t.model_dump(exclude_none=True) for t in self.tools) if self.tools else None
-        return PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools)
+        return PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools,
+                           add_generation_prompt=self.add_generation_prompt,
+                           continue_final_message=self.continue_final_message,
+                           template_kwargs=tuple(sorted((self.chat_template_kwargs or {}).items())))
 
     def _tool_params(self, tool_call_parser: str | None) -> dict[str, Any]:
         forced = self.forced_tool_choice

@@ -24,13 +24,16 @@ def _utf8(text: str) -> list[int]:
 class ChatShape:
     """Chat's choices. With `forced_tool_choice` ("required" or a function's name) the text is the JSON that
     decoding was held to, and the choice carries it as tool calls (app/tool_calls.py); calls an engine's
-    tool-call parser found (tool_choice "auto") arrive as `ChoiceDelta.tool_calls`."""
+    tool-call parser found (tool_choice "auto") arrive as `ChoiceDelta.tool_calls`. With `echo_text` (vLLM's
+    `echo`: the final message's content, when that message is the assistant's) each choice's content starts
+    with it."""
 
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def __init__(self, forced_tool_choice: str | None = None):
+    def __init__(self, forced_tool_choice: str | None = None, echo_text: str | None = None):
         self.forced_tool_choice = forced_tool_choice
+        self.echo_text = echo_text if forced_tool_choice is None else None
         self._forced: dict[int, ForcedCalls] = {}  # choice index -> its calls so far (streaming)
         self._called: set[int] = set()  # choices with a tool call streamed
 
@@ -61,8 +64,9 @@ class ChatShape:
             calls = self._forced.setdefault(c.index, ForcedCalls(self.forced_tool_choice)).feed(c.text)
         else:
             calls = list(c.tool_calls)
-            if c.text or not calls:
-                delta["content"] = c.text
+            text = (self.echo_text or "") + c.text if first else c.text
+            if text or not calls:
+                delta["content"] = text
         if calls:
             self._called.add(c.index)
             delta["tool_calls"] = [_tool_call_delta(t) for t in calls]
@@ -74,13 +78,13 @@ class ChatShape:
         }
 
     def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": acc.text}
+        message: dict[str, Any] = {"role": "assistant", "content": (self.echo_text or "") + acc.text}
         if self.forced_tool_choice is not None:
             calls = ForcedCalls(self.forced_tool_choice).calls(acc.text)
             message["content"] = ""  # as vLLM answers a forced call
         else:
             calls = list(acc.tool_calls.values())
-            if calls and not acc.text:
+            if calls and not message["content"]:
                 message["content"] = None
         if calls:
             message["tool_calls"] = [

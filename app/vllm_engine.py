@@ -297,10 +297,10 @@ class VLLMEngine:
     def max_token_chars(self) -> int:
         return self._max_token_chars
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        text = self._tokenizer.apply_chat_template(
-            list(messages), tools=tools or None, tokenize=False, add_generation_prompt=True
-        )
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **template: Any) -> list[int]:
+        template.setdefault("add_generation_prompt", True)
+        text = self._tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False, **template)
         return self._tokenizer.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:

@@ -188,3 +188,25 @@ def test_the_engine_still_serves_after_the_refusals(client, service):
     assert "Paris" in chat(client).choices[0].message.content
     stats = service.wait_idle()
     assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0
+
+
+def test_the_chat_template_options_reach_the_model_s_template(client):
+    """vLLM's add_generation_prompt, continue_final_message, chat_template_kwargs and echo on the real template."""
+    story = [{"role": "user", "content": "Tell me a story."},
+             {"role": "assistant", "content": "Once upon a time, there was a"}]
+    opened = client.chat.completions.create(model=MODEL, messages=story[:1], max_tokens=2, temperature=0)
+    unopened = client.chat.completions.create(model=MODEL, messages=story[:1], max_tokens=2, temperature=0,
+                                              extra_body={"add_generation_prompt": False})
+    assert unopened.usage.prompt_tokens < opened.usage.prompt_tokens  # no "<|im_start|>assistant\n" at the end
+    continued = client.chat.completions.create(
+        model=MODEL, messages=story, max_tokens=8, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True, "echo": True})
+    text = continued.choices[0].message.content
+    assert text.startswith(story[1]["content"]) and len(text) > len(story[1]["content"]), text
+    kwargs = client.chat.completions.create(model=MODEL, messages=story[:1], max_tokens=2, temperature=0,
+                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert kwargs.usage.prompt_tokens == opened.usage.prompt_tokens  # a variable this template does not use
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=story, max_tokens=2,
+                                       extra_body={"continue_final_message": True})
+    assert refused.value.body["param"] == "continue_final_message"

@@ -50,6 +50,7 @@ class GenerationParams:
     # parser to find the calls the model writes in its own format; None: no parsing.
     auto_tools: tuple[dict[str, Any], ...] | None = None
     return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
+    priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class PromptInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # vLLM's truncate_prompt_tokens: keep only this many of the prompt's token ids (-1: the context less one),
+    # the last ones ("left") or the first ("right"); None: no truncation.
+    truncate_to: int | None = None
+    truncation_side: str = "left"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ class PromptTokenizer:
         tokens, and a chat template only adds tokens. Measured before this: a dozen prompts of 1 MB each held
         every admission slot while they waited for the tokenizer, only to fail with 400."""
         limit = self.model.max_prompt_tokens
+        if prompt.truncate_to is not None:
+            return  # the replica keeps only part of it (`_truncate`)
         if prompt.token_ids is not None:
             at_least, size = len(prompt.token_ids) - resumed_tokens, ""
         else:
@@ -101,12 +103,28 @@ class PromptTokenizer:
                 f"the prompt could not be rendered for this model: {err}",
                 param="messages" if prompt.messages else "prompt",
             ) from None
+        if prompt.truncate_to is not None:
+            ids = self._truncate(ids, prompt.truncate_to, prompt.truncation_side)
         if not ids:
             raise InvalidRequest(
                 "the prompt is empty; send at least one token of text",
                 param="messages" if prompt.messages else "prompt",
             )
         return ids
+
+    def _truncate(self, ids: list[int], keep: int, side: str) -> list[int]:
+        """vLLM's truncate_prompt_tokens, with its refusal of a size over the context."""
+        n_ctx = self.model.engine.max_model_len
+        if keep > n_ctx:
+            raise InvalidRequest(
+                f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {n_ctx}. "
+                "Please request a smaller truncation size.",
+                param="truncate_prompt_tokens",
+            )
+        keep = n_ctx - 1 if keep == -1 else keep  # the context less one token for the output, as vLLM's -1
+        if len(ids) <= keep:
+            return ids
+        return ids[len(ids) - keep:] if side == "left" else ids[:keep]
 
     def refuse_long_prompt(self, prompt_tokens: int, prompt: PromptInput) -> None:
         max_prompt = self.model.max_prompt_tokens

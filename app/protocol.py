@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import jsonschema  # a dependency of ray; checks tool schemas before the engine compiles them
@@ -98,6 +99,14 @@ class _Request(BaseModel):
     allowed_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: sample only these tokens.")
     bad_words: list[str] = Field(default_factory=list, description="vLLM extension: words never generated.")
     return_token_ids: bool | None = Field(None, description="vLLM extension: the prompt's and the output's ids.")
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, le=2**63 - 1, description="vLLM extension: keep only this many prompt tokens (-1: the context)."
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM extension: 'left' (default) keeps the last tokens, 'right' the first."
+    )
+    priority: int = Field(0, ge=-(2**63), le=2**63 - 1, description="vLLM extension: the engine's scheduling "
+                                                                    "priority (lower first); fcfs ignores it.")
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -125,6 +134,12 @@ class _Request(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         return self
+
+    def _truncating(self, prompt: PromptInput) -> PromptInput:
+        """The prompt with vLLM's truncation asked for, which the replica applies once it has the token ids."""
+        if self.truncate_prompt_tokens is None:
+            return prompt
+        return replace(prompt, truncate_to=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left")
 
     def _stop_sequences(self, limits: LimitsConfig) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -226,6 +241,7 @@ class _Request(BaseModel):
             "allowed_token_ids": allowed,
             "bad_words": self._bad_words(),
             "return_token_ids": bool(self.return_token_ids),
+            "priority": self.priority,
         }
 
     def _params(
@@ -568,10 +584,10 @@ class ChatCompletionRequest(_Request):
             )
         # The template gets the tools whatever the choice ("none" too), as vLLM gives them by default.
         tools = tuple(t.model_dump(exclude_none=True) for t in self.tools) if self.tools else None
-        return PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools,
-                           add_generation_prompt=self.add_generation_prompt,
-                           continue_final_message=self.continue_final_message,
-                           template_kwargs=tuple(sorted((self.chat_template_kwargs or {}).items())))
+        return self._truncating(PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools,
+                                            add_generation_prompt=self.add_generation_prompt,
+                                            continue_final_message=self.continue_final_message,
+                                            template_kwargs=tuple(sorted((self.chat_template_kwargs or {}).items()))))
 
     def _tool_params(self, tool_call_parser: str | None) -> dict[str, Any]:
         forced = self.forced_tool_choice
@@ -668,11 +684,11 @@ class CompletionRequest(_Request):
         prompts = []
         for item in batch:
             if isinstance(item, str):
-                prompts.append(PromptInput(text=item))
+                prompts.append(self._truncating(PromptInput(text=item)))
                 continue
             if any(t < 0 for t in item):
                 raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
-            prompts.append(PromptInput(token_ids=tuple(item)))
+            prompts.append(self._truncating(PromptInput(token_ids=tuple(item))))
         return prompts
 
     def to_prompt(self, limits: LimitsConfig) -> PromptInput:

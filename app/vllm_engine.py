@@ -323,7 +323,7 @@ class VLLMEngine:
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
-            async for out in self.llm.generate(prompt, sampling, request_id):
+            async for out in self.llm.generate(prompt, sampling, request_id, priority=params.priority):
                 choices = tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
                 if parsers:
                     choices = tuple(_with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))

@@ -165,8 +165,8 @@ class StandInLLM:
     async def abort(self, request_id):
         self.aborted.append(request_id)
 
-    async def generate(self, prompt, sampling, request_id):
-        self.sampling = sampling
+    async def generate(self, prompt, sampling, request_id, priority=0):
+        self.sampling, self.priority = sampling, priority
         for choices in self.outputs:
             yield _Request(choices)
         if self.fail is not None:
@@ -192,10 +192,11 @@ def _plain(text, tokens, finish=None, index=0):
 async def test_generate_yields_one_delta_per_request_output(engine):
     engine._llm = llm = StandInLLM([[_plain("Hi", [7], index=0), _plain("Yo", [8], index=1)],
                                     [_plain(" you", [9], "length", index=0), _plain(".", [10], "stop", index=1)]])
-    deltas = await _run(engine, GenerationParams(max_tokens=2, n=2))
+    deltas = await _run(engine, GenerationParams(max_tokens=2, n=2, priority=3))
     assert [[(c.index, c.text, c.finish_reason) for c in d.choices] for d in deltas] == [
         [(0, "Hi", None), (1, "Yo", None)], [(0, " you", "length"), (1, ".", "stop")]]
     assert llm.sampling.n == 2 and llm.aborted == []
+    assert llm.priority == 3  # the request's scheduling priority reaches the engine
 
 
 async def test_generate_raises_engine_failed_for_an_aborted_choice(engine):

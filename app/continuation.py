@@ -87,7 +87,8 @@ class Continuation:
     def unresumable(self) -> str | None:
         """Why this request cannot continue on another replica, or None."""
         p = self.request.params
-        if p.json_schema is not None or p.json_object:
+        if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
+                p.grammar is not None):
             return "its structured output's grammar state stays with the replica that failed"
         if p.auto_tools is not None:
             return "its tool-call parser's state stays with the replica that failed"

@@ -30,6 +30,10 @@ class GenerationParams:
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    # vLLM's other structured-output constraints (app/structured_outputs.py); at most one of all five is set.
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
     max_tokens_is_default: bool = False  # the client did not ask; may shrink to fit the context
     # vLLM's sampling and decoding extensions (docs/api.md), each at vLLM's no-op default.
     top_k: int = 0  # 0 (or -1): every token
@@ -43,8 +47,8 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     allowed_token_ids: tuple[int, ...] | None = None  # None: any token; never empty
     bad_words: tuple[str, ...] = ()
-    # The request parameter `json_schema` came from, which a refusal of the schema names: "tools" when it forces
-    # tool calls (app/tool_calls.py), "response_format" otherwise.
+    # The request parameter the constraint came from, which a refusal of it names: "tools" when it forces tool
+    # calls (app/tool_calls.py), "structured_outputs", or "response_format".
     json_schema_param: str = "response_format"
     # tool_choice "auto": the request's tools (OpenAI's JSON objects, plain data), for the model's tool-call
     # parser to find the calls the model writes in its own format; None: no parsing.

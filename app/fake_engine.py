@@ -146,6 +146,10 @@ class FakeEngine:
             return [text[i : i + 5] for i in range(0, len(text), 5)]
         if params.json_schema is not None or params.json_object:
             return ['{"fake": ', "true}"]
+        if params.choice is not None:
+            return [params.choice[0]]
+        if params.regex is not None or params.grammar is not None:
+            return ["fake"]
         if params.ignore_eos:
             offset = (params.seed or 0) + index * 1000 if params.temperature > 0 else 0
             return [f"w{offset + i} " for i in range(params.max_tokens)]

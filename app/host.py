@@ -372,8 +372,11 @@ class EngineHost:
 
     @staticmethod
     def _rejected_param(params: GenerationParams) -> str | None:
+        """The parameter an engine's refusal of a request names: its structured-output constraint's."""
+        if params.regex is not None or params.choice is not None or params.grammar is not None:
+            return "structured_outputs"
         if params.json_schema is not None or params.json_object:
-            return "response_format"
+            return params.json_schema_param
         return None
 
     # -- forward progress and the broken engine ---------------------------

@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from app.config import LimitsConfig
 from app.engine import GenerationParams, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.structured_outputs import StructuredOutputs, not_too_deep
 from app.tool_calls import forced_schema
 
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
-MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
 # Bounds on vLLM's sampling extensions (vLLM itself has none but VLLM_MAX_NUM_BAD_WORDS): each costs the engine
 # work per request or per step, so each is bounded like `stop` (docs/api.md).
 MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
@@ -107,6 +107,9 @@ class _Request(BaseModel):
     )
     priority: int = Field(0, ge=-(2**63), le=2**63 - 1, description="vLLM extension: the engine's scheduling "
                                                                     "priority (lower first); fcfs ignores it.")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM extension: one constraint (json, regex, choice, grammar or json_object)."
+    )
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -275,6 +278,7 @@ class _Request(BaseModel):
             raise InvalidRequest(
                 f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name
             )
+        constraint = self.structured_outputs.params() if self.structured_outputs is not None else {}
         return GenerationParams(
             max_tokens=max_tokens,
             n=self.n,
@@ -288,7 +292,7 @@ class _Request(BaseModel):
             ignore_eos=self.ignore_eos,
             max_tokens_is_default=is_default,
             **self._extensions(max_tokens),
-            **extra,
+            **{**constraint, **extra},  # chat's response_format and forced tool calls replace the constraint
         )
 
     @property
@@ -305,24 +309,6 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM extension
-
-
-def _not_too_deep(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    # vLLM refuses deeper schemas anyway; refused here, a deep one never reaches the Ray handle,
-    # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
-    level: list[Any] = [schema] if schema else []
-    for _ in range(MAX_JSON_SCHEMA_NESTING):
-        level = [
-            child
-            for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
-            if isinstance(child, (dict, list))
-        ]
-        if not level:
-            return schema
-    raise ValueError(
-        f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
-    )
 
 
 class TextPart(BaseModel):
@@ -425,7 +411,7 @@ def _check_tool_schemas(tools: list[ChatTool]) -> None:
             continue
         name = tool.function.name
         try:
-            _not_too_deep(parameters)
+            not_too_deep(parameters)
             size += len(json.dumps(parameters, separators=(",", ":"), allow_nan=False))
             jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except (ValueError, TypeError) as err:
@@ -462,7 +448,7 @@ class JsonSchemaSpec(BaseModel):
     @field_validator("schema_")
     @classmethod
     def _not_too_deep(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _not_too_deep(schema)
+        return not_too_deep(schema)
 
 
 class ResponseFormat(BaseModel):
@@ -628,12 +614,25 @@ class ChatCompletionRequest(_Request):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
         fmt = self.response_format
-        structured: dict[str, Any] = {
-            "json_object": bool(fmt and fmt.type == "json_object"),
-            "json_schema": (fmt.json_schema.schema_ or {})
-            if fmt and fmt.type == "json_schema" and fmt.json_schema
-            else None,
-        }
+        structured: dict[str, Any] = {}
+        if fmt is not None and fmt.type != "text":
+            so = self.structured_outputs
+            if so is not None and (so.regex is not None or so.choice is not None or so.grammar is not None):
+                raise InvalidRequest(  # vLLM: response_format overrides, and two kinds of constraint are refused
+                    "You can only use one kind of structured outputs constraint; 'response_format' and "
+                    "'structured_outputs' ask for two",
+                    param="structured_outputs",
+                )
+            structured = {
+                "json_object": fmt.type == "json_object",
+                "json_schema": (fmt.json_schema.schema_ or {}) if fmt.type == "json_schema" and fmt.json_schema
+                else None,
+                "json_schema_param": "response_format",
+                "regex": None, "choice": None, "grammar": None,
+            }
+        if self.structured_outputs is not None and self.forced_tool_choice is not None:
+            raise InvalidRequest("You can only either use structured outputs or tools, not both.",  # vLLM's
+                                 param="structured_outputs")
         return self._params(
             limits,
             max_tokens,

@@ -104,6 +104,12 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
         structured = StructuredOutputsParams(json=p.json_schema)
     elif p.json_object:
         structured = StructuredOutputsParams(json_object=True)
+    elif p.regex is not None:
+        structured = StructuredOutputsParams(regex=p.regex)
+    elif p.choice is not None:
+        structured = StructuredOutputsParams(choice=list(p.choice))
+    elif p.grammar is not None:
+        structured = StructuredOutputsParams(grammar=p.grammar)
     return SamplingParams(
         n=p.n,
         max_tokens=p.max_tokens,
@@ -167,11 +173,16 @@ def _refusal(err: Exception, params: GenerationParams | None = None) -> Exceptio
     return InvalidRequest(message, param=param)
 
 
+def _constrained(p: GenerationParams) -> bool:
+    return p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
+        p.grammar is not None)
+
+
 def _rejected(message: str, params: GenerationParams | None) -> Exception:
     """A refusal vLLM did not attribute. A schema that forces tool calls is the `tools`' fault, which only the
     parameters know (the host would name `response_format`); anything else stays `EngineRejected`."""
-    if params is not None and params.json_schema is not None and params.json_schema_param != "response_format":
-        return InvalidRequest(f"the engine could not use this schema: {message}", param=params.json_schema_param)
+    if params is not None and _constrained(params) and params.json_schema_param != "response_format":
+        return InvalidRequest(f"the engine could not use this constraint: {message}", param=params.json_schema_param)
     return EngineRejected(message)
 
 

@@ -5,6 +5,8 @@ bad value is a 400 naming the parameter. Behaviour only, never timing."""
 
 from __future__ import annotations
 
+import re
+
 import openai
 import pytest
 
@@ -210,3 +212,18 @@ def test_the_chat_template_options_reach_the_model_s_template(client):
         client.chat.completions.create(model=MODEL, messages=story, max_tokens=2,
                                        extra_body={"continue_final_message": True})
     assert refused.value.body["param"] == "continue_final_message"
+
+
+def test_structured_outputs_hold_the_real_engine_to_each_kind(client):
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def answer(constraint: dict) -> str:
+        r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=12, temperature=0,
+                                           extra_body={"structured_outputs": constraint})
+        return r.choices[0].message.content
+
+    assert answer({"choice": ["Paris", "London", "Rome"]}) in ("Paris", "London", "Rome")
+    assert re.fullmatch(r"[0-9]{3}", answer({"regex": "[0-9]{3}"}))
+    with pytest.raises(openai.BadRequestError) as refused:
+        answer({"grammar": "this is not a grammar ::= ::="})
+    assert refused.value.body["param"] == "structured_outputs"

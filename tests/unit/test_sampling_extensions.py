@@ -283,7 +283,7 @@ class _RefusingLLM:
     async def abort(self, request_id):
         self.aborted.append(request_id)
 
-    async def generate(self, prompt, sampling, request_id):
+    async def generate(self, prompt, sampling, request_id, priority=0):
         raise self.err
         yield  # an async generator
 

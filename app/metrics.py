@@ -161,26 +161,29 @@ class _Snapshot:
             for model, s in self._stats.items():
                 counter.add_metric([model], read(s))
             yield counter
-        retries = CounterMetricFamily(
+        yield _by_model_and(
             "app_requests_retried",
             "Attempts the ingress made on another replica for a request refused (or lost) before anything was sent, "
             "by the refusal's reason.",
-            labels=["model_name", "reason"],
+            "reason",
+            self._retried,
         )
-        for model, by_reason in self._retried.items():
-            for reason, count in sorted(by_reason.items()):
-                retries.add_metric([model, reason], count)
-        yield retries
-        moves = CounterMetricFamily(
+        yield _by_model_and(
             "app_requests_migrated",
             "Choices the ingress resumed on another replica after theirs failed mid-answer (outcome 'resumed'), "
             "and requests that could not continue elsewhere (outcome 'unresumable').",
-            labels=["model_name", "outcome"],
+            "outcome",
+            self._migrated,
         )
-        for model, by_outcome in self._migrated.items():
-            for outcome, count in sorted(by_outcome.items()):
-                moves.add_metric([model, outcome], count)
-        yield moves
+
+
+def _by_model_and(name: str, doc: str, label: str, counts: Mapping[str, Mapping[str, int]]) -> CounterMetricFamily:
+    """A counter the ingress keeps per model and one more label (HandleBackend's `retried`, `migrated`)."""
+    family = CounterMetricFamily(name, doc, labels=["model_name", label])
+    for model, by_value in counts.items():
+        for value, count in sorted(by_value.items()):
+            family.add_metric([model, value], count)
+    return family
 
 
 class RequestTimer:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -87,22 +88,9 @@ def test_a_killed_or_stopped_engine_costs_no_request_and_its_streams_continue_on
             assert len(bound) == 2 and not bound[0] & bound[1], bound
         with openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
             reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True}, **LONG)
-        with SteadyLoad(svc.base_url, API_KEY, MODEL, plain=4, streaming=2) as load:
-            load.wait_served(10, what="steady load served")
-            streams = [LongStream(svc.base_url, API_KEY, MODEL) for _ in range(STREAMS)]
-            for s in streams:
-                s.start()
-            wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
-                       what="every long stream under way")
-            killed_at = time.monotonic()
-            cores[0].kill()
-            for s in streams:
-                s.join(timeout=600)
-            wait_until(lambda: len(engine_cores(svc)) == 2 and cores[0] not in engine_cores(svc), timeout_s=300,
-                       interval_s=1, what="a new engine in place of the killed one")
-            load.wait_served(10, what="the load served with both engines again")
-        migrated = _migrated(svc.base_url)
-        killed = (load, streams, killed_at)
+        before = _migrated(svc.base_url)
+        killed = _break_an_engine_under_load(svc, cores[0], cores[0].kill, "kill")
+        migrated = _migrated(svc.base_url) - before
         stopped = _stop_an_engine_under_load(svc)
     load, streams, killed_at = killed
     same = sum(s.text == reference.choices[0].message.content for s in streams)
@@ -125,6 +113,29 @@ def test_a_killed_or_stopped_engine_costs_no_request_and_its_streams_continue_on
     assert resumed >= 1, "no stream was on the stopped engine: the test proved nothing about moving one"
 
 
+def _break_an_engine_under_load(
+    svc, victim: psutil.Process, break_it: Callable[[], None], what: str, broken: Callable[[], bool] = lambda: True
+) -> tuple[SteadyLoad, list[LongStream], float]:
+    """`break_it()` (the `victim` EngineCore) under the steady load and the long streams; returns once every stream
+    ended, `broken()` holds, a new engine stands in the victim's place and the load is served again."""
+    with SteadyLoad(svc.base_url, API_KEY, MODEL, plain=4, streaming=2) as load:
+        load.wait_served(10, what=f"steady load served before the {what}")
+        streams = [LongStream(svc.base_url, API_KEY, MODEL) for _ in range(STREAMS)]
+        for s in streams:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+                   what="every long stream under way")
+        at = time.monotonic()
+        break_it()
+        for s in streams:
+            s.join(timeout=600)
+        wait_until(broken, timeout_s=300, interval_s=1, what=f"the engine's {what} noticed")
+        wait_until(lambda: len(engine_cores(svc)) == 2 and victim not in engine_cores(svc), timeout_s=300,
+                   interval_s=1, what=f"a new engine in place of the one that got the {what}")
+        load.wait_served(10, what="the load served with both engines again")
+    return load, streams, at
+
+
 def _stop_an_engine_under_load(svc) -> tuple[SteadyLoad, list[LongStream], float, float]:
     """SIGSTOP of one EngineCore (alive, silent: vLLM's health check passes) under the steady load and long
     streams: its replica sees no progress past its bound (progress_watch.py), ends its requests with a retryable
@@ -132,22 +143,9 @@ def _stop_an_engine_under_load(svc) -> tuple[SteadyLoad, list[LongStream], float
     before = _migrated(svc.base_url)
     victim = engine_cores(svc)[0]
     try:
-        with SteadyLoad(svc.base_url, API_KEY, MODEL, plain=4, streaming=2) as load:
-            load.wait_served(10, what="steady load served before the SIGSTOP")
-            streams = [LongStream(svc.base_url, API_KEY, MODEL) for _ in range(STREAMS)]
-            for s in streams:
-                s.start()
-            wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
-                       what="every long stream under way")
-            stopped_at = time.monotonic()
-            victim.suspend()  # SIGSTOP
-            for s in streams:
-                s.join(timeout=600)
-            wait_until(lambda: "restarting in place (wedged" in svc.log_path.read_text(errors="replace"),
-                       timeout_s=300, interval_s=1, what="the stopped engine declared wedged")
-            wait_until(lambda: len(engine_cores(svc)) == 2 and victim not in engine_cores(svc), timeout_s=300,
-                       interval_s=1, what="a new engine in place of the stopped one")
-            load.wait_served(10, what="the load served with both engines again")
+        load, streams, stopped_at = _break_an_engine_under_load(
+            svc, victim, victim.suspend, "SIGSTOP",
+            broken=lambda: "restarting in place (wedged" in svc.log_path.read_text(errors="replace"))
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
             victim.kill()  # a stopped process outlives SIGTERM: never leave one behind a failed test

@@ -9,7 +9,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,7 @@ import yaml
 from app.serve_steps import wait_healthy
 from loadkit.service import STACK_MARKERS, ProcessGroup, child_env, processes_started_since
 from loadkit.service import free_port as free_port  # re-exported: the tests' import of it stays
+from tests.conftest import STOP_SHARED_STACK
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-integration"
@@ -113,10 +114,12 @@ def running_stack(tmp: Path, config: dict, extra_args: tuple[str, ...] = ()) -> 
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory) -> Iterator[Service]:
-    with running_stack(tmp_path_factory.mktemp("stack"), base_config(free_port())) as svc:
+def service(tmp_path_factory, request) -> Iterator[Service]:
+    """The session's shared stack; stopped after the last test that uses it (tests/conftest.py orders them)."""
+    with ExitStack() as stack:
+        svc = stack.enter_context(running_stack(tmp_path_factory.mktemp("stack"), base_config(free_port())))
+        request.config.stash[STOP_SHARED_STACK] = stack.close  # a second close is a no-op
         yield svc
-
 
 
 def stop_service(svc: Service) -> None:

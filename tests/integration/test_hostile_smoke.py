@@ -21,7 +21,7 @@ from tests.integration.conftest import API_KEY, MODEL, REPO
 from tests.support.stacks import CLOCKS
 
 # The spare stack, reused from the engine-kill test, stops after this module (tests/support/stacks.py).
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("stop_spare_stack_after_this_module")]
+pytestmark = pytest.mark.integration
 pytest_plugins = ["tests.support.stacks"]
 
 TINY = {"non-readers": 5, "non-reader-n": 4, "non-reader-logprobs": 20, "idle": 20, "slowloris": 5,

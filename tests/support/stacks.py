@@ -8,10 +8,9 @@ serve` on the test config (conftest's `running_stack`) with the connection clock
 
 One stack serves such tests in turn: `own_service` hands over the running one while it is alive and healthy,
 and starts a new one otherwise (after a test stopped it with Ctrl-C, or left it unhealthy). Starting a stack
-costs 40 to 70 s on two cores. A module may stop it when it ends (`stop_spare_stack_after_this_module`): the
-hostile smoke test does, so that no idle stack sits beside the cluster and two-engine tests that follow it in
-the suite's order (a CI run with it idle there lost the session stack's engine once, cause not found). Its
-processes carry their own loadkit tag, so a test can tell them from the shared stack's.
+costs 40 to 70 s on two cores. The suite runs the modules that use it one after another, the Ctrl-C test last
+(tests/conftest.py), so it is started once and that test stops it. Its processes carry their own loadkit tag, so
+a test can tell them from the shared stack's.
 
 A test module asks for it with `pytest_plugins = ["tests.support.stacks"]`.
 """
@@ -83,12 +82,6 @@ def spare_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SpareStack
         yield spare
     finally:
         spare.close()
-
-
-@pytest.fixture(scope="module")
-def stop_spare_stack_after_this_module(spare_stack: SpareStack) -> Iterator[None]:
-    yield
-    spare_stack.close()
 
 
 @pytest.fixture

@@ -88,7 +88,10 @@ def build_from_config(config: AppConfig, listen: bool = False) -> serve.Applicat
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=10_000,  # the ingress only awaits; the engines bound the work
-        graceful_shutdown_timeout_s=config.service.drain_grace_s,
+        # The ingress holds the clients' streams: a stopped ingress replica (a rolling update replaces it too)
+        # lets each finish, which may take a request's whole time, continuations included. The engine
+        # replicas' shorter grace is fine: what they cannot finish within it continues on another replica.
+        graceful_shutdown_timeout_s=max(config.service.drain_grace_s, config.service.request_timeout_s),
     )(Ingress)
     return ingress.bind(config, engines, listen)
 

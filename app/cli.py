@@ -171,13 +171,28 @@ def engine_setup_here(model: ModelConfig) -> str:
     return line + "".join(f"\n    warning: {w}" for w in warnings)
 
 
-def cluster_command(action: str, workers: int, cpus_per_worker: int) -> int:
+def cluster_command(action: str, workers: int, cpus_per_worker: int, node: str | None = None) -> int:
     from app import local_cluster
 
     if action == "down":
         leftovers = local_cluster.down()
         say(f"cluster down; {leftovers} leftover process(es) killed" if leftovers else "cluster down; nothing left")
         return 0
+    try:
+        if action == "lose-node":
+            if not node:
+                say("cluster lose-node needs the node's name (worker-1, ...)")
+                return 2
+            say(f"{node} lost: {local_cluster.lose_node(node)} process(es) SIGKILLed")
+            return 0
+        if action == "add-worker":
+            added = local_cluster.add_worker(cpus_per_worker=cpus_per_worker)
+            say(f"{added.name} joined the cluster")
+            print(added.name)
+            return 0
+    except local_cluster.ClusterError as err:
+        say(str(err))
+        return 1
     try:
         state = local_cluster.up(workers, cpus_per_worker)
     except local_cluster.ClusterError as err:
@@ -217,16 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     p_check = sub.add_parser("check-config", help="validate a config file without starting anything")
     p_check.add_argument("config", type=Path)
     p_cluster = sub.add_parser("cluster", help="a multi-node Ray cluster on this machine (Ray's own `ray start`)")
-    p_cluster.add_argument("action", choices=("up", "down"))
+    p_cluster.add_argument("action", choices=("up", "down", "lose-node", "add-worker"),
+                           help="lose-node NODE: SIGKILL every process of one node (a lost pod); add-worker: one more")
+    p_cluster.add_argument("node", nargs="?", help="the node to lose (lose-node): worker-1, ...")
     p_cluster.add_argument("--workers", type=int, default=2, help="worker nodes (up; default 2)")
-    p_cluster.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs each worker node offers (up)")
+    p_cluster.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs per worker node (up, add-worker)")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "serve":
             return serve_command(args.config, args.startup_timeout, via_serve_proxy=args.serve_proxy)
         if args.command == "cluster":
-            return cluster_command(args.action, args.workers, args.cpus_per_worker)
+            return cluster_command(args.action, args.workers, args.cpus_per_worker, args.node)
         if args.command == "prepare-model":
             from app.model_store import prepare_default_model
 

@@ -6,8 +6,12 @@ core(s) of this machine (its CPU affinity, which every process of the node inher
 it: the engine on that node then computes on that core and no other engine competes for it (app/core_plan.py
 reads the affinity). The head runs Ray's dashboard on loopback, which `serve deploy` (and KubeRay) talk to.
 The cluster runs with Ray's token authentication; its nodes use this machine's interface address (CLUSTER_ENV).
+The head also offers the `ingress` resource (INGRESS_RESOURCE), as the KubeRay manifest's head does: the
+manifest pins the ingress tier there, beside the head's Serve proxy, so that losing a worker node loses engine
+replicas only, never a client's connection (docs/kuberay.md).
 `up` leaves the cluster running and writes its address and nodes to a state file; `down` stops what the state
-file names and then anything still carrying the cluster's tag.
+file names and then anything still carrying the cluster's tag. `lose_node` kills one node outright (every process
+carrying its node tag, SIGKILL: a pod lost, nothing drained); `add_worker` joins a new worker node.
 Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve deploy --address <dashboard> ...`.
 
     python -m app cluster up --workers 2      # prints the address to use as RAY_ADDRESS, then the dashboard's
@@ -31,6 +35,10 @@ import psutil
 
 STATE_DIR = Path(os.environ.get("APP_CLUSTER_DIR", Path.home() / ".cache" / "app-llm-serve" / "cluster"))
 TAG_ENV = "APP_LOCAL_CLUSTER"
+NODE_TAG_ENV = "APP_LOCAL_CLUSTER_NODE"  # "<cluster tag>/<node name>": every process of one node inherits it
+# The head's own resource, which only the ingress tier asks for (configs/kuberay/*.yaml: the head's
+# rayStartParams offer it, the ingress deployment's ray_actor_options take INGRESS_SHARE of it).
+INGRESS_RESOURCE = "ingress"
 # Token authentication on every node and client. Not RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps a single
 # node on loopback: with it no worker node may join ("Multi-node Ray clusters are not supported"); so Ray turns
 # 127.0.0.1 into this machine's interface address and its servers listen there too (token auth guards them).
@@ -89,7 +97,7 @@ def _start_node(
     name: str, args: list[str], tag: str, state_dir: Path, env: Mapping[str, str], cores: set[int] | None = None
 ) -> Node:
     log = state_dir / f"{name}.log"
-    node_env = {**os.environ, **env, **CLUSTER_ENV, TAG_ENV: tag}
+    node_env = {**os.environ, **env, **CLUSTER_ENV, TAG_ENV: tag, NODE_TAG_ENV: f"{tag}/{name}"}
     node_env.pop("RAY_ADDRESS", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -104,21 +112,27 @@ def _start_node(
     return Node(name=name, pid=proc.pid, log=str(log))
 
 
-_COUNT_ALIVE = """
-import logging, sys, ray
+_ALIVE_WORKERS = """
+import json, logging, sys, ray
 ray.init(address=sys.argv[1], logging_level=logging.ERROR, log_to_driver=False)
-print(sum(1 for n in ray.nodes() if n["Alive"]))
+print(json.dumps([k for n in ray.nodes() if n["Alive"] for k in n["Resources"] if k.startswith("worker-")]))
 """
 
 
-def _alive_nodes(address: str) -> int:
-    """Live nodes in the cluster's table, asked by a process of its own: Ray reads its auth mode (CLUSTER_ENV)
-    when it is imported, and the caller may have imported Ray already (a test session, the CLI)."""
+def _alive_workers(address: str) -> set[str]:
+    """The worker nodes (their `worker-<i>` resource) alive in the cluster's table, asked by a process of its own:
+    Ray reads its auth mode (CLUSTER_ENV) when it is imported, and the caller may have imported Ray already (a
+    test session, the CLI)."""
     env = {**os.environ, **CLUSTER_ENV}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, "-c", _COUNT_ALIVE, address], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _ALIVE_WORKERS, address], env=env, capture_output=True, text=True,
                           timeout=120)
-    return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
+    if done.returncode != 0:
+        return set()
+    try:
+        return set(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (IndexError, json.JSONDecodeError):
+        return set()
 
 
 def up(
@@ -142,8 +156,8 @@ def up(
     address = f"127.0.0.1:{port}"
     dashboard = f"http://127.0.0.1:{dashboard_port}"
     tag = f"app-cluster-{port}"
-    head_args = ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
-                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+    head_args = ["--head", f"--port={port}", "--num-cpus=0", f"--resources={json.dumps({INGRESS_RESOURCE: 1})}",
+                 "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
     if temp_dir is not None:
         head_args.append(f"--temp-dir={temp_dir}")
     nodes = [_start_node("head", head_args, tag, state_dir, env)]
@@ -154,25 +168,34 @@ def up(
         if time.monotonic() > deadline or psutil.Process(nodes[0].pid).status() == psutil.STATUS_ZOMBIE:
             raise ClusterError(f"the head did not start; see {nodes[0].log}")
         time.sleep(0.5)  # polling the GCS port
-    confined = worker_cores(workers, cpus_per_worker, sorted(os.sched_getaffinity(0)))
     for i in range(1, workers + 1):  # one at a time: several raylets registering at once overloaded the GCS here
-        worker_args = [
-            f"--address={address}",
-            f"--num-cpus={cpus_per_worker}",
-            f"--resources={json.dumps({f'worker-{i}': 1})}",
-            *([f"--temp-dir={temp_dir}"] if temp_dir is not None else []),
-        ]
-        nodes.append(_start_node(f"worker-{i}", worker_args, tag, state_dir, env, confined[i - 1]))
-        state = ClusterState(address, dashboard, tag, tuple(nodes), None if temp_dir is None else str(temp_dir))
-        state.save(state_path)
-        while _alive_nodes(address) < 1 + i:
-            if time.monotonic() > deadline:
-                raise ClusterError(f"worker-{i} did not join within {timeout_s:.0f} s; logs in {state_dir}")
-            time.sleep(1.0)  # polling the cluster's node table
+        state = _join_worker(state, i, cpus_per_worker, state_dir, env, deadline)
     while not _listening(dashboard_port):  # `serve deploy` talks to it; it starts after the GCS
         if time.monotonic() > deadline:
             raise ClusterError(f"the dashboard did not start on {dashboard}; see {nodes[0].log}")
         time.sleep(0.5)
+    return state
+
+
+def _join_worker(
+    state: ClusterState, i: int, cpus_per_worker: int, state_dir: Path, env: Mapping[str, str], deadline: float
+) -> ClusterState:
+    """Starts worker node `worker-<i>` (confined to its share of this machine's cores) and waits until it is in
+    the cluster's node table; returns the state with it, saved."""
+    cores = worker_cores(i, cpus_per_worker, sorted(os.sched_getaffinity(0)))[i - 1]
+    args = [
+        f"--address={state.address}",
+        f"--num-cpus={cpus_per_worker}",
+        f"--resources={json.dumps({f'worker-{i}': 1})}",
+        *([f"--temp-dir={state.temp_dir}"] if state.temp_dir is not None else []),
+    ]
+    node = _start_node(f"worker-{i}", args, state.tag, state_dir, env, cores)
+    state = ClusterState(state.address, state.dashboard, state.tag, (*state.nodes, node), state.temp_dir)
+    state.save(state_dir / "cluster.json")
+    while f"worker-{i}" not in _alive_workers(state.address):
+        if time.monotonic() > deadline or psutil.Process(node.pid).status() == psutil.STATUS_ZOMBIE:
+            raise ClusterError(f"worker-{i} did not join; see {node.log}")
+        time.sleep(1.0)  # polling the cluster's node table
     return state
 
 
@@ -181,11 +204,13 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
+def _tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
+    """The processes carrying the cluster's tag (`node`: only that node's)."""
+    key, value = (TAG_ENV, tag) if node is None else (NODE_TAG_ENV, f"{tag}/{node}")
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get(TAG_ENV) == tag:
+            if p.environ().get(key) == value:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -204,6 +229,36 @@ def stop_node(node: Node, grace_s: float = 40) -> None:
         os.killpg(node.pid, signal.SIGKILL)
     except psutil.NoSuchProcess:
         pass
+
+
+def add_worker(
+    state_dir: Path = STATE_DIR, cpus_per_worker: int = 1, env: Mapping[str, str] | None = None,
+    timeout_s: float = 300,
+) -> Node:
+    """Joins a new worker node (the next `worker-<i>`) to the running cluster, as an autoscaler's new pod would;
+    `env` as `up`'s. Returns it once it is in the cluster's node table."""
+    state_path = state_dir / "cluster.json"
+    state = ClusterState.load(state_path)
+    i = 1 + max((int(n.name.split("-")[1]) for n in state.nodes if n.name.startswith("worker-")), default=0)
+    state = _join_worker(state, i, cpus_per_worker, state_dir, dict(env or {}), time.monotonic() + timeout_s)
+    return state.nodes[-1]
+
+
+def lose_node(name: str, state_dir: Path = STATE_DIR) -> int:
+    """Kills node `name` outright, as a lost pod or machine: every process carrying its node tag (its raylet,
+    its workers, the replicas and engines on it) gets SIGKILL at once; nothing on it drains or says goodbye.
+    Returns how many processes it killed. The cluster notices through its own health checks."""
+    state = ClusterState.load(state_dir / "cluster.json")
+    if not any(n.name == name for n in state.nodes):
+        raise ClusterError(f"no node {name!r} in this cluster; it has {[n.name for n in state.nodes]}")
+    victims = _tagged(state.tag, node=name)
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
 
 
 def down(state_dir: Path = STATE_DIR) -> int:

@@ -10,8 +10,9 @@ existing cluster:
   requests: an engine killed costs no request (the ingress continues on the other replica what the dead engine
   was answering, and retries there what it refuses), and no request reaches that replica until its new
   engine is ready (restarted in place, or Serve's replacement); a replica killed costs no request either,
-  long streams included; a rolling update (`serve deploy` of a changed
-  config: every replica replaced by a new one, as a scale-up starts one) and scaling 2 -> 1 fail no request.
+  long streams included; scaling 2 -> 1, then a rolling update back to 2 (`serve deploy` of a changed config:
+  every replica replaced by a new one) fail no request; and a whole worker node lost (every process of it
+  SIGKILLed) costs none, long streams included: clients hold their connections to the head only.
 
 The cluster is started once for this module (the guide's once per session: no other module uses one), the
 manifest's deployment once after the `app serve` test; the tests run in file order, each manifest test starting
@@ -32,12 +33,14 @@ import psutil
 import pytest
 import yaml
 
-from app.builder import engine_deployment_name
+from app import local_cluster
+from app.builder import INGRESS_NAME, engine_deployment_name
+from loadkit.cluster import LocalCluster
+from loadkit.long_stream import LongStream
 from loadkit.service import ProcessGroup
+from loadkit.steady_load import SteadyLoad
 from tests.integration.conftest import REPO, STARTUP_TIMEOUT_S, Service, base_config, free_port, stop_service
-from tests.support.long_stream import LongStream
-from tests.support.ray_cluster import LocalCluster, running_local_cluster
-from tests.support.steady_load import SteadyLoad
+from tests.support.ray_cluster import running_local_cluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -49,14 +52,20 @@ APP = "llm"
 MODEL = "smollm2-135m-instruct"
 DEPLOYMENT = engine_deployment_name(MODEL)
 START_S = 600  # two engines loading on two shared cores, sometimes beside a load
+DRAIN_GRACE_S = 2
+# Answers long enough (several seconds each here) that a replica stopped after DRAIN_GRACE_S has some in flight.
+LONGER = 48
 
 
 def manifest_serve_config(port: int) -> dict:
-    """The manifest's serveConfigV2 as it is, except where the proxy listens: a pod's address there, loopback
-    and a free port here (what the pod's network gives, not part of the application)."""
+    """The manifest's serveConfigV2 as it is, except where the proxy listens (a pod's address there, loopback
+    and a free port here: what the pod's network gives, not part of the application) and the drain's grace."""
     manifest = yaml.safe_load(MANIFEST.read_text())
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["http_options"] = {"host": "127.0.0.1", "port": port}
+    # A short grace, so that the scale-down and the rolling update stop replicas whose requests cannot finish
+    # within it (issue 13's "past the grace period"): those continue on another replica.
+    config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] = DRAIN_GRACE_S
     return config
 
 
@@ -131,19 +140,6 @@ def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_ke
         stop_service(svc)  # Ctrl-C: the CLI shuts Serve down on the cluster, which the manifest's deploy restarts
 
 
-def _replica_log_lines(cluster: LocalCluster, pid: int) -> list[dict]:
-    """The service's own JSON log lines of the replica process `pid` (Ray keeps a worker's stderr per pid)."""
-    lines = []
-    for path in cluster.session_logs().glob(f"worker-*-{pid}.err"):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    lines.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return lines
-
-
 def test_the_kuberay_manifest_runs_two_replicas_on_two_nodes(two_replicas: Deployment):
     replicas = two_replicas.cluster.replicas(DEPLOYMENT)
     assert sorted(r.node for r in replicas) == ["worker-1", "worker-2"], replicas  # one per node, none on the head
@@ -177,14 +173,14 @@ def _engine_back(cluster: LocalCluster, before: dict[str, psutil.Process]) -> tu
 
 def _ready_since(cluster: LocalCluster, pid: int, since: float) -> float | None:
     """When replica `pid` logged an engine ready (its start, or a restart in place) after `since`."""
-    ready = [ln["ts"] for ln in _replica_log_lines(cluster, pid)
+    ready = [ln["ts"] for ln in cluster.replica_log_lines(pid)
              if ln["ts"] >= since and ln.get("logger") == "app.server"
              and (" ready in " in ln.get("message", "") or "restarted in place" in ln.get("message", ""))]
     return min(ready) if ready else None
 
 
 def _finished_since(cluster: LocalCluster, pid: int, since: float) -> list[float]:
-    return [ln["ts"] for ln in _replica_log_lines(cluster, pid)
+    return [ln["ts"] for ln in cluster.replica_log_lines(pid)
             if ln["ts"] >= since and ln.get("message") == "engine request" and ln.get("outcome") == "finished"]
 
 
@@ -240,7 +236,7 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
                    interval_s=1, what="the killed replica gone from Serve")
         cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
         load.wait_served(6, what="the load served once both replicas run")
-    resumed = _ingress_lines(cluster, "resumed on replica")
+    resumed = cluster.worker_lines(RESUMED)
     print(f"replica {victim_id} killed: {load.summary(killed_at)}; long streams whole: "
           f"{sum(s.whole() is None for s in streams)} of {len(streams)}; continuations logged: {len(resumed)}")
     assert not load.failures(), load.summary(killed_at)
@@ -249,51 +245,110 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
     assert resumed, "no request was on the killed replica: the test proved nothing about moving one"
 
 
-def _ingress_lines(cluster: LocalCluster, text: str) -> list[str]:
-    """Lines of the ingress replicas' logs (Ray keeps each worker's stderr) that contain `text`."""
-    lines = []
-    for path in cluster.session_logs().glob("worker-*.err"):
-        lines += [ln for ln in path.read_text(errors="replace").splitlines() if text in ln]
-    return lines
+RESUMED = "resumed on replica"  # the ingress's line for each choice continued on another replica
 
 
-def test_a_rolling_update_under_load_fails_no_request(two_replicas: Deployment):
-    """A changed limit in the application's config: new args, so Serve replaces every replica, one at a time."""
-    cluster = two_replicas.cluster
-    old = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
-    config = json.loads(json.dumps(two_replicas.config))
-    limits = config["applications"][0]["args"]["config"]["models"][0]["limits"]
-    limits["default_max_tokens"] = limits["default_max_tokens"] // 2
-    with two_replicas.load(plain=2, streaming=2) as load:
-        load.wait_served(6, what="steady load before the update")
-        started = time.monotonic()
-        two_replicas.deploy(config)
-        wait_until(lambda: not old & {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=START_S * 2,
-                   interval_s=2, what="every old replica replaced")
-        cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
-        load.wait_served(6, what="the load served by the new replicas")
-    print(f"rolling update: {load.summary(started)}")
-    assert not load.failures(), load.summary()
-    assert len(load.since(started)) >= 12
+def _resumed_since(cluster: LocalCluster, before: int) -> int:
+    return len(cluster.worker_lines(RESUMED)) - before
 
 
 def test_scaling_down_under_load_fails_no_request(two_replicas: Deployment):
     """num_replicas in the serveConfigV2's `deployments` override: Serve removes a replica, draining it, and leaves
-    the other running. (Scaling up starts a replica as the rolling update above does: no request reaches it before
-    its engine is ready.) The last test of the module: it leaves one replica."""
+    the other running. (Scaling up starts a replica as the rolling update below does: no request reaches it before
+    its engine is ready.)"""
     cluster = two_replicas.cluster
     config = json.loads(json.dumps(two_replicas.config))
-    override = next(d for d in config["applications"][0]["deployments"] if d["name"] == DEPLOYMENT)
-    override["num_replicas"] = 1
+    _engine_override(config)["num_replicas"] = 1
     kept = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
-    with two_replicas.load(plain=2, streaming=2) as load:
+    resumed = len(cluster.worker_lines(RESUMED))
+    with two_replicas.load(plain=2, streaming=2, max_tokens=LONGER) as load:
         load.wait_served(6, what="steady load before scaling")
         started = time.monotonic()
         two_replicas.deploy(config)
         cluster.wait_replicas(APP, DEPLOYMENT, running=1, timeout_s=START_S)
         remaining = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
         load.wait_served(6, what="the load served by one replica")
-    print(f"scale 2 -> 1: {load.summary(started)}")
+    print(f"scale 2 -> 1: {load.summary(started)}; continuations logged: {_resumed_since(cluster, resumed)}")
     assert len(remaining) == 1 and remaining < kept, "scaling down restarted the replica it kept"
     assert not load.failures(), load.summary()
     assert len(load.since(started)) >= 6
+
+
+def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(deployed: Deployment):
+    """A changed limit in the application's config (new args: Serve replaces every replica) and num_replicas back
+    to the manifest's 2, from the one the scale-down left. Serve's rollout keeps the running count: it starts a
+    replica of the new version before it stops an old one, so the single old replica serves until then."""
+    cluster = deployed.cluster
+    old = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
+    resumed = len(cluster.worker_lines(RESUMED))
+    config = json.loads(json.dumps(deployed.config))
+    _engine_override(config)["num_replicas"] = 2
+    limits = config["applications"][0]["args"]["config"]["models"][0]["limits"]
+    limits["default_max_tokens"] = limits["default_max_tokens"] // 2
+    with deployed.load(plain=2, streaming=2, max_tokens=LONGER) as load:
+        load.wait_served(6, what="steady load before the update")
+        started = time.monotonic()
+        deployed.deploy(config)
+        wait_until(lambda: not old & {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=START_S * 2,
+                   interval_s=2, what="every old replica replaced")
+        cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+        load.wait_served(6, what="the load served by the new replicas")
+    print(f"rolling update of {len(old)} replica(s) to 2: {load.summary(started)}; continuations logged: "
+          f"{_resumed_since(cluster, resumed)}")
+    assert not load.failures(), load.summary()
+    assert len(load.since(started)) >= 12
+
+
+def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
+    """A worker node lost outright (every process of it SIGKILLed at once: its raylet, the engine replica on it
+    and its engine), as a lost pod or machine. Clients hold their connections to the head's proxy and the ingress
+    beside it (the manifest's proxy_location HeadOnly, the ingress on the head's `ingress` resource), so no
+    connection goes with the node; the requests its replica was answering continue on the other replica, and new
+    ones go there. The last test of the module: Serve's replacement has no free node to go to (one replica per
+    node), so it leaves one replica running."""
+    cluster = two_replicas.cluster
+    proxies = _nodes_running(cluster, "ProxyActor")
+    ingresses = cluster.replicas(INGRESS_NAME)
+    assert proxies == ["head"] and ingresses and all(r.node == "" for r in ingresses), \
+        f"clients must reach the head only: proxies on {proxies}, ingress replicas {ingresses}"
+    victim = cluster.replicas(DEPLOYMENT)[0]
+    resumed_before = len(cluster.worker_lines(RESUMED))
+    with two_replicas.load(plain=2, streaming=2) as load:
+        load.wait_served(6, what="steady load before the node is lost")
+        streams = [LongStream(two_replicas.base_url, KEY, MODEL) for _ in range(4)]
+        for s in streams:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+                   what="every long stream under way")
+        lost_at = time.monotonic()
+        said = cluster.lose_node(victim.node)
+        for s in streams:
+            s.join(timeout=600)
+        wait_until(lambda: victim.replica_id not in {r.replica_id for r in cluster.replicas(DEPLOYMENT)},
+                   timeout_s=180, interval_s=2, what="the lost node's replica gone from Ray's actor table")
+        load.wait_served(10, what="the load served by the remaining replica")
+    resumed = _resumed_since(cluster, resumed_before)
+    print(f"{said} (replica {victim.replica_id}): "
+          f"{load.summary(lost_at)}; long streams whole: {sum(s.whole() is None for s in streams)} of "
+          f"{len(streams)}; continuations logged: {resumed}")
+    assert not load.failures(), load.summary(lost_at)
+    for s in streams:
+        assert s.whole() is None, s.whole()
+    assert resumed, "no request was on the lost node's replica: the test proved nothing about moving one"
+
+
+def _engine_override(serve_config: dict) -> dict:
+    """The engine deployment's entry in the serveConfigV2's `deployments` overrides."""
+    return next(d for d in serve_config["applications"][0]["deployments"] if d["name"] == DEPLOYMENT)
+
+
+def _nodes_running(cluster: LocalCluster, name: str) -> list[str]:
+    """The nodes (their names) on which a process of the cluster called `name` runs."""
+    nodes = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if name in (p.info["name"] or "") and p.environ().get(local_cluster.TAG_ENV) == cluster.tag:
+                nodes.append(p.environ().get(local_cluster.NODE_TAG_ENV, "").rsplit("/", 1)[-1])
+        except psutil.Error:
+            continue
+    return sorted(nodes)

@@ -21,10 +21,10 @@ import openai
 import psutil
 import pytest
 
+from loadkit.long_stream import LONG, LongStream
+from loadkit.steady_load import SteadyLoad
 from tests.integration.conftest import API_KEY, MODEL, base_config, free_port, running_stack
 from tests.support.engine_procs import engine_cores
-from tests.support.long_stream import LONG, LongStream
-from tests.support.steady_load import SteadyLoad
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+from loadkit.waiting import wait_until as wait_until  # re-exported: the tests' import of it stays
 
 T = TypeVar("T")
 
@@ -32,15 +33,3 @@ async def until(condition: Callable[[], T | Awaitable[T]], timeout_s: float = 5.
         if loop.time() > deadline:
             raise TimeoutError(f"not {what or 'true'} within {timeout_s} s")
         await asyncio.sleep(interval_s)  # a poll interval: lets the awaited tasks run
-
-
-def wait_until(condition: Callable[[], T], timeout_s: float = 30.0, what: str = "", interval_s: float = 0.2) -> T:
-    """Block until `condition()` is truthy; return its value. Exceptions from `condition` propagate."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what or 'true'} within {timeout_s} s")
-        time.sleep(interval_s)  # a poll interval, not a wait for something

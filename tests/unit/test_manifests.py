@@ -25,6 +25,7 @@ DeploymentConfig); ray[serve] is pinned in pyproject.toml.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import types
@@ -51,6 +52,7 @@ from app.builder import (
     ingress_deployment_name,
 )
 from app.config import AppConfig, ConfigError, load_config
+from app.local_cluster import INGRESS_RESOURCE
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -528,3 +530,33 @@ def test_gpu_manifest_engine_arguments_are_vllms_own():
             assert (args.dtype, args.enforce_eager) == ("bfloat16", False)
             assert args.gpu_memory_utilization == model.engine.gpu_memory_utilization == 0.90
             assert args.tensor_parallel_size == 1 and args.max_model_len == model.engine.max_model_len
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_clients_reach_the_head_only_so_a_lost_worker_cuts_no_connection(path):
+    """The node-loss topology (docs/kuberay.md): the head's Serve proxy alone takes clients, the ingress tier
+    runs beside it (the head's `ingress` resource, which app/local_cluster.py's head offers too), and the worker
+    pods run engines only, ready by Ray's own agent (no proxy there to probe)."""
+    manifest = _load(path)
+    spec = manifest["spec"]
+    assert spec.get("excludeHeadPodFromServeSvc") is False, "the head's proxy is the one clients reach"
+    serve_config = parse_serve_config(yaml.safe_load(spec["serveConfigV2"]))
+    assert serve_config.proxy_location == "HeadOnly"
+    head = spec["rayClusterConfig"]["headGroupSpec"]
+    offered = json.loads(json.loads(head["rayStartParams"]["resources"]))
+    assert offered.get(INGRESS_RESOURCE, 0) > 0, "the head offers the ingress resource"
+    for app_schema in serve_config.applications:
+        config, built = build_application(app_schema)
+        assert not colocated(config)
+        assert any(d.name == INGRESS_NAME for d in built.deployments)
+        override = next(d for d in app_schema.deployments if d.name == INGRESS_NAME)  # what Serve applies over the code
+        options = override.ray_actor_options
+        options = options if isinstance(options, dict) else options.dict(exclude_unset=True)
+        asked = (options.get("resources") or {}).get(INGRESS_RESOURCE, 0)
+        assert 0 < asked * override.num_replicas <= offered[INGRESS_RESOURCE], \
+            "the ingress asks for the head's resource, a share small enough for all its replicas"
+        assert options.get("num_cpus") == 0
+    for name, _group, container in _ray_containers(manifest):
+        if name != "head":
+            probe = container["readinessProbe"]["httpGet"]
+            assert probe["port"] != SERVE_PORT, f"{name}: no Serve proxy on a worker pod to probe"

@@ -1,4 +1,5 @@
-"""Steady load from the real `openai` SDK, for the tests that change or break a running deployment under it.
+"""Steady load from the real `openai` SDK, for the tests and the chaos driver that change or break a running
+deployment under it.
 
 Each client loops until stopped: plain or streaming chat requests, greedy or sampled, with the SDK's retries
 off (`max_retries=0`), so every failure the service lets through is seen and recorded. A stream counts as
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import openai
 
-from tests.support.waiting import wait_until
+from loadkit.waiting import wait_until
 
 SERVED = "served"
 
@@ -29,6 +30,7 @@ class Outcome:
     ended_at: float
     streaming: bool
     result: str  # SERVED, "broken" (a stream without finish_reason), or the exception's type and message
+    longest_wait_s: float  # the longest the client waited for anything: a stream's gaps (the first byte's too)
 
 
 class SteadyLoad:
@@ -66,11 +68,14 @@ class SteadyLoad:
         client, streaming, n = self._clients[i], self._streaming[i], 0
         while not self._stop.is_set():
             n += 1
-            sent = time.monotonic()
+            sent = last = time.monotonic()
+            longest = 0.0
             try:
                 if streaming:
                     finish = None
                     for chunk in client.chat.completions.create(**self._body(i, n), stream=True):
+                        now = time.monotonic()
+                        longest, last = max(longest, now - last), now
                         if chunk.choices and chunk.choices[0].finish_reason:
                             finish = chunk.choices[0].finish_reason
                     result = SERVED if finish else "broken"
@@ -79,8 +84,10 @@ class SteadyLoad:
                     result = SERVED if answer.choices[0].finish_reason else "broken"
             except Exception as err:  # every failure is the finding: recorded, never raised in the thread
                 result = f"{type(err).__name__}: {str(err)[:200]}"
+            ended = time.monotonic()
+            longest = max(longest, ended - last)  # a plain answer: its whole time
             with self._lock:
-                self.outcomes.append(Outcome(sent, time.monotonic(), streaming, result))
+                self.outcomes.append(Outcome(sent, ended, streaming, result, longest))
 
     def served(self) -> int:
         with self._lock:

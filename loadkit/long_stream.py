@@ -1,9 +1,10 @@
-"""A long greedy stream through the real `openai` SDK, for the tests that break a replica under it: its text,
-finish reason and usage, or the error that broke it."""
+"""A long greedy stream through the real `openai` SDK, for the tests and the chaos driver that break a replica
+under it: its text, finish reason and usage, the longest wait between its chunks, or the error that broke it."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import openai
 
@@ -17,6 +18,7 @@ class LongStream(threading.Thread):
         super().__init__(daemon=True)
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self.text, self.finish, self.usage, self.error, self.chunks = "", None, None, None, 0
+        self.longest_gap_s = 0.0  # the longest wait for a chunk, the first included
 
     def run(self) -> None:
         try:
@@ -25,7 +27,10 @@ class LongStream(threading.Thread):
                 stream = c.chat.completions.create(model=self.model, stream=True,
                                                    stream_options={"include_usage": True},
                                                    extra_body={"ignore_eos": True}, **LONG)
+                last = time.monotonic()
                 for chunk in stream:
+                    now = time.monotonic()
+                    self.longest_gap_s, last = max(self.longest_gap_s, now - last), now
                     if chunk.usage is not None:
                         self.usage = chunk.usage
                     for choice in chunk.choices:

@@ -1,0 +1,116 @@
+"""The chaos driver's command line (scripts/chaos.py): a local cluster of its own (`python -m app cluster up`:
+a head and two worker nodes), the KubeRay manifest's Serve config deployed onto it with `serve deploy` (two
+engine replicas, one per worker, the ingress and Serve's proxy on the head), each fault in turn under steady
+load (round.py), then the table (report.py) into docs/chaos.md. Bounded: one round per fault, each within
+--round-timeout; loopback only; the cluster is stopped at the end, leaving no process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from loadkit.chaos.faults import FAULTS, Target
+from loadkit.chaos.report import DOC, passed, row, section
+from loadkit.chaos.round import ANSWER_TOKENS, LONG_STREAMS, RoundResult, run_round
+from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster
+from loadkit.long_stream import LONG
+from loadkit.machine import git_commit, machine, vllm_version
+from loadkit.markdown import write_section
+from loadkit.service import child_env, free_port
+from loadkit.waiting import wait_until
+
+APP, MODEL = "llm", "smollm2-135m-instruct"
+DEPLOYMENT = "engine-" + MODEL
+
+
+def log(text: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def serve_config(manifest: Path, port: int, drain_grace_s: float) -> dict:
+    """The manifest's serveConfigV2 as it is, but for where the proxy listens (loopback, a free port) and the
+    engine replicas' drain grace (short, so that a rolling update stops replicas with requests in flight)."""
+    config = yaml.safe_load(yaml.safe_load(manifest.read_text())["spec"]["serveConfigV2"])
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] = drain_grace_s
+    return config
+
+
+def _cluster_cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "app", "cluster", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"`python -m app cluster {' '.join(args)}` failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+
+
+def drive(o: argparse.Namespace, env: dict[str, str], key: str) -> list[RoundResult]:
+    cluster = LocalCluster(o.work_dir / "cluster")
+    port = free_port()
+    target = Target(cluster, APP, DEPLOYMENT, serve_config(o.manifest, port, o.drain_grace), o.work_dir,
+                    add_worker=lambda: _cluster_cli(env, "add-worker"))
+    log(f"deploying {o.manifest.name}'s serveConfigV2 onto the cluster (proxy on 127.0.0.1:{port})")
+    cluster.deploy(target.serve_config, o.work_dir)
+    wait_until(target.whole, timeout_s=o.round_timeout, interval_s=2, what="both engine replicas serving")
+    results = []
+    for name in o.faults:
+        log(f"round {name}: {FAULTS[name].what}")
+        result = run_round(target, FAULTS[name], f"http://127.0.0.1:{port}", key, MODEL, timeout_s=o.round_timeout)
+        log(row(result))
+        results.append(result)
+        if result.capacity_back_s is None:
+            log("the deployment did not become whole again: the remaining rounds would not measure their fault")
+            break
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    repo = Path(__file__).resolve().parents[2]
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, in order (default {','.join(FAULTS)})")
+    p.add_argument("--manifest", type=Path, default=repo / "configs" / "kuberay" / "rayservice-cpu.yaml")
+    p.add_argument("--round-timeout", type=float, default=900, help="bound on each fault's recovery, seconds")
+    p.add_argument("--drain-grace", type=float, default=2, help="the engine replicas' drain_grace_s")
+    p.add_argument("--work-dir", type=Path, default=repo / "bench-results" / "chaos")
+    p.add_argument("--output", default=str(repo / "docs" / "chaos.md"), help="report file, or - to print only")
+    o = p.parse_args(argv)
+    o.faults = [f.strip() for f in o.faults.split(",") if f.strip()]
+    unknown = [f for f in o.faults if f not in FAULTS]
+    if unknown:
+        p.error(f"unknown faults {unknown}; choose from {list(FAULTS)}")
+    o.work_dir = o.work_dir.resolve()
+    o.work_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(16)
+    env = child_env(**{CLUSTER_DIR_ENV: str(o.work_dir / "cluster"), "APP_API_KEYS": key})
+    facts_machine, vllm, commit = machine(), vllm_version(), git_commit(repo)
+    command = "python scripts/chaos.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    results: list[RoundResult] = []
+    log(f"starting a local cluster (a head and 2 worker nodes; state in {o.work_dir / 'cluster'})")
+    try:
+        _cluster_cli(env, "up", "--workers", "2")
+        results = drive(o, env, key)
+    except KeyboardInterrupt:
+        log("interrupted")
+    finally:
+        log(_cluster_cli(env, "down") or "cluster down")
+    facts = [f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command.strip()}`, commit "
+             f"{commit.text}; vLLM {vllm}; {facts_machine.cpu_text}, {facts_machine.memory_gib} GiB.",
+             f"Each round: 2 plain + 2 streaming SDK clients ({ANSWER_TOKENS} tokens, greedy and sampled) and "
+             f"{LONG_STREAMS} long greedy streams ({LONG['max_tokens']} tokens) in flight when the fault hits; counted "
+             "over every answer that ended after it."]
+    text = section(results, facts)
+    print(text)
+    if o.output != "-" and results:
+        write_section(Path(o.output), DOC, text)
+        log(f"wrote {os.path.relpath(o.output)}")
+    return 0 if results and len(results) == len(o.faults) and all(passed(r) for r in results) else 1

@@ -143,12 +143,22 @@ async def detokenize(request: Request, body: DetokenizeRequest) -> Response:
 
 
 def _model_card(model: ModelConfig) -> dict[str, Any]:
+    """The fields `vllm serve` gives a model (its ModelCard): clients written against it read `root` and
+    `max_model_len`; `root` is where the weights come from (the config's `source`)."""
     return {
         "id": model.id,
         "object": "model",
-        "created": 0,
-        "owned_by": "app",
+        "created": int(time.time()),
+        "owned_by": "vllm",
+        "root": model.source,
+        "parent": None,
         "max_model_len": model.engine.max_model_len,
+        "permission": [{
+            "id": f"modelperm-{model.id}", "object": "model_permission", "created": int(time.time()),
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False,
+        }],
     }
 
 

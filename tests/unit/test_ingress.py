@@ -64,6 +64,10 @@ async def test_list_models(client):
 async def test_get_model(client):
     resp = await client.get(f"/v1/models/{MODEL_ID}")
     assert resp.status_code == 200 and resp.json()["id"] == MODEL_ID
+    card = resp.json()  # the fields of vLLM's ModelCard, which its clients read
+    assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
+    assert card["created"] > 0 and card["owned_by"] == "vllm" and card["parent"] is None and card["root"]
+    assert card["permission"][0]["object"] == "model_permission" and card["permission"][0]["allow_sampling"]
     err = error_of(await client.get("/v1/models/nope"), 404)
     assert err["code"] == "model_not_found"
 

@@ -71,6 +71,7 @@ class Batch:
                     yield GenerationDelta(
                         choices=tuple(replace(c, index=prompt * self._n + c.index) for c in item.choices),
                         prompt_token_ids=item.prompt_token_ids,
+                        cached_tokens=item.cached_tokens,
                     )
         finally:
             await self.aclose()

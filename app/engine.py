@@ -151,6 +151,8 @@ class ChoiceDelta:
 class GenerationDelta:
     choices: tuple[ChoiceDelta, ...]
     prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
+    # Prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens), on the first delta only.
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,8 @@ class EngineStats:
     preemptions_total: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter, tokens)
+    prefix_cache_hits_total: int = 0  # ... and found there
     extra: dict[str, float] = field(default_factory=dict)
     # How the engine was set up on this machine (decided at start): the dtype it computes in and why,
     # and on a CPU the cores its workers compute on and the cores left to the front end.

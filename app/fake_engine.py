@@ -40,6 +40,8 @@ ANSWER = "This is a fake answer from the test engine."
 VOCAB_SIZE = 256
 
 
+CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+
 class FakeEngine:
     def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0):
         self.max_model_len = max_model_len
@@ -51,6 +53,8 @@ class FakeEngine:
         self.started_event = threading.Event()  # set by start(); stays set
         self.dead = False
         self._generated = 0
+        self._cache_queries = self._cache_hits = 0
+        self._seen_prompts: list[tuple[int, ...]] = []  # the prefix cache it pretends to have (the latest prompts)
         self._prompted = 0
         # Futures of tests waiting for a change, with their loops: woken (thread-safely) on every change.
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -199,6 +203,7 @@ class FakeEngine:
         self._check(params)
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
+        cached = self._cached(tuple(prompt_token_ids))
         self._changed()
         try:
             plans = [self._words(params, i) for i in range(params.n)]
@@ -245,10 +250,12 @@ class FakeEngine:
                     )
                     self._generated += 1
                     done[i] = finish is not None
-                first = step == 0 and params.return_token_ids
+                first = step == 0
                 step += 1
                 yield GenerationDelta(choices=tuple(choices),
-                                      prompt_token_ids=tuple(prompt_token_ids) if first else None)
+                                      prompt_token_ids=tuple(prompt_token_ids) if first and params.return_token_ids
+                                      else None,
+                                      cached_tokens=cached if first else None)
         finally:
             self.running.discard(request_id)
             self._changed()
@@ -262,9 +269,24 @@ class FakeEngine:
         if self.dead:
             raise EngineDead("fake engine is dead")
 
+    def _cached(self, prompt: tuple[int, ...]) -> int:
+        """As vLLM's prefix cache: whole blocks of `prompt` shared with an earlier prompt, never all of it (the
+        last token is always computed)."""
+        shared = 0
+        for seen in self._seen_prompts:
+            pairs = enumerate(zip(prompt, seen, strict=False))
+            n = next((k for k, (a, b) in pairs if a != b), min(len(prompt), len(seen)))
+            shared = max(shared, n)
+        hit = min(shared, len(prompt) - 1) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
+        self._seen_prompts = [*self._seen_prompts[-31:], prompt]
+        self._cache_queries += len(prompt)
+        self._cache_hits += hit
+        return hit
+
     def stats(self) -> EngineStats:
         return EngineStats(
-            running=len(self.running), prompt_tokens_total=self._prompted, generation_tokens_total=self._generated
+            running=len(self.running), prompt_tokens_total=self._prompted, generation_tokens_total=self._generated,
+            prefix_cache_queries_total=self._cache_queries, prefix_cache_hits_total=self._cache_hits
         )
 
     def kill(self) -> None:

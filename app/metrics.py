@@ -136,6 +136,14 @@ class _Snapshot:
             "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
             "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
             "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
+            "vllm:prefix_cache_queries": (
+                "Prompt tokens looked up in the engine's prefix cache.",
+                lambda s: s.engine.prefix_cache_queries_total,
+            ),
+            "vllm:prefix_cache_hits": (
+                "Prompt tokens found in the engine's prefix cache (their KV reused, not computed).",
+                lambda s: s.engine.prefix_cache_hits_total,
+            ),
             "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
             "app_refused_queue_timeout": (
                 "Refused by the replica: waited too long.",

@@ -76,7 +76,7 @@ class ResponsesWriter:
             usage = self.chat.usage()
             out["usage"] = {
                 "input_tokens": usage["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
                 "output_tokens": usage["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage["total_tokens"],

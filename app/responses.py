@@ -213,6 +213,8 @@ class Responder:
     # vLLM's return_token_ids: chat puts the prompt's ids on the response (its first chunk), completions on each
     # choice (its first chunk); every choice (chunk) has its output's ids.
     return_token_ids: bool = False
+    # Prompt tokens the engine found in its prefix cache, over every prompt (usage.prompt_tokens_details).
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self._choices = [_ChoiceState(i) for i in range(self.n)]
@@ -249,12 +251,14 @@ class Responder:
             )
         return acc
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion = sum(c.tokens for c in self._choices)
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            # OpenAI's field (vLLM sends it with --enable-prompt-tokens-details): what the prefix cache saved.
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
 
     def _envelope(self, obj: str) -> dict[str, Any]:
@@ -270,6 +274,7 @@ class Responder:
     def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
         """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
         not yet readable), as vLLM sends no chunk then."""
+        self.cached_tokens += delta.cached_tokens or 0
         choices = []
         for c in delta.choices:
             acc = self._absorb(c, delta.prompt_token_ids)
@@ -325,6 +330,7 @@ class Responder:
 
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]:
         async for delta in stream:
+            self.cached_tokens += delta.cached_tokens or 0
             for c in delta.choices:
                 self._absorb(c, delta.prompt_token_ids)
         return self.full()

@@ -57,6 +57,8 @@ class _StatsRecorder(StatLoggerBase):
         self.preemptions_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
 
     def record(
         self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
@@ -65,6 +67,10 @@ class _StatsRecorder(StatLoggerBase):
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
             self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            cache = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if cache is not None:
+                self.prefix_cache_queries_total += cache.queries
+                self.prefix_cache_hits_total += cache.hits
         if iteration_stats is not None:
             self.preemptions_total += iteration_stats.num_preempted_reqs
             self.prompt_tokens_total += iteration_stats.num_prompt_tokens
@@ -334,6 +340,7 @@ class VLLMEngine:
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
+            first = True
             async for out in self.llm.generate(prompt, sampling, request_id, priority=params.priority):
                 choices = tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
                 if parsers:
@@ -341,8 +348,9 @@ class VLLMEngine:
                 if params.return_token_ids:
                     choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
                                                                                              strict=True))
-                yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids)
-                prompt_ids = None
+                cached = getattr(out, "num_cached_tokens", None) if first else None
+                yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids, cached_tokens=cached)
+                prompt_ids, first = None, False
         except VLLMValidationError as err:
             raise _refusal(err, params) from None
         except EngineDeadError as err:
@@ -389,6 +397,8 @@ class VLLMEngine:
             preemptions_total=s.preemptions_total,
             prompt_tokens_total=s.prompt_tokens_total,
             generation_tokens_total=s.generation_tokens_total,
+            prefix_cache_queries_total=s.prefix_cache_queries_total,
+            prefix_cache_hits_total=s.prefix_cache_hits_total,
             extra={"scheduler_running": float(s.running)},
             dtype=self._precision.dtype if self._precision else "",
             dtype_reason=self._precision.reason if self._precision else "",

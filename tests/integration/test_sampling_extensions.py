@@ -227,3 +227,18 @@ def test_structured_outputs_hold_the_real_engine_to_each_kind(client):
     with pytest.raises(openai.BadRequestError) as refused:
         answer({"grammar": "this is not a grammar ::= ::="})
     assert refused.value.body["param"] == "structured_outputs"
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_usage_says_so(client, http):
+    """vLLM's prefix cache (on by default): the second time a prompt arrives, whole blocks of it are reused, and
+    usage.prompt_tokens_details.cached_tokens says how many, as OpenAI's API does; /metrics counts the hits."""
+    question = "Here is a question asked twice, long enough to fill more than two blocks of sixteen tokens: " * 2
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1, "temperature": 0}
+    first = client.chat.completions.create(**ask).usage
+    again = client.chat.completions.create(**ask).usage
+    assert again.prompt_tokens == first.prompt_tokens > 32
+    cached = again.prompt_tokens_details.cached_tokens
+    assert cached >= 16 and cached < again.prompt_tokens, again
+    assert cached >= first.prompt_tokens_details.cached_tokens
+    hits = re.findall(r'^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$', http.get("/metrics").text, re.M)
+    assert hits and sum(float(h) for h in hits) >= cached

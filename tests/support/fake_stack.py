@@ -107,3 +107,9 @@ async def listening(stack: Stack) -> AsyncIterator[str]:
     finally:
         await listener.stop()
         await stack.aclose()
+
+
+def usage_of(prompt: int, completion: int, cached: int = 0) -> dict:
+    """The `usage` object of an answer with these token counts, as the service writes it."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}

@@ -11,7 +11,7 @@ import pytest
 from app.config import API_KEYS_ENV
 from app.fake_engine import ANSWER, FakeEngine
 from tests.support import sse
-from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
+from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config, usage_of
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -202,7 +202,7 @@ async def test_completion(client):
     choice = body["choices"][0]
     assert choice["text"] == " ".join(ANSWER.split(" ")[:4]) + " "
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert body["usage"] == usage_of(3, 4)
 
 
 async def test_completion_echo(client):
@@ -504,3 +504,21 @@ async def test_draining_refuses_with_503(client, stack):
     err = error_of(await client.get("/v1/models"), 503)
     assert err["type"] == "service_unavailable"
     assert (await client.get("/livez")).status_code == 200
+
+
+async def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(client, stack):
+    """vLLM's prefix cache made visible: usage.prompt_tokens_details.cached_tokens (OpenAI's field), streamed and
+    not, and vLLM's prefix-cache counters in /metrics."""
+    body = chat_body("a prompt long enough to span several blocks of the prefix cache, sent twice", max_tokens=2)
+    first = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
+    again = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < again["prompt_tokens"] and cached % 16 == 0
+    streamed = events(await client.post("/v1/chat/completions", json={
+        **body, "stream": True, "stream_options": {"include_usage": True}}))
+    usage = next(e["usage"] for e in streamed if isinstance(e, dict) and e.get("usage"))
+    assert usage["prompt_tokens_details"] == {"cached_tokens": cached}
+    metrics = (await client.get("/metrics")).text
+    hits = [ln for ln in metrics.splitlines() if ln.startswith("vllm:prefix_cache_hits_total{")]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2 * cached

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
 from app.responses import ChatShape, CompletionShape, Responder
+from tests.support.fake_stack import usage_of
 
 CREATED = 1_700_000_000
 
@@ -59,7 +60,7 @@ def test_chat_include_usage_sets_null_usage_on_chunks_then_a_usage_chunk():
     chunk = r.chunk(delta(ChoiceDelta(index=0, text="Hi", num_tokens=2, finish_reason="length")))
     assert chunk["usage"] is None
     assert r.usage_chunk() == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
-                               "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+                               "choices": [], "usage": usage_of(4, 2)}
 
 
 def test_chat_full_body_accumulates_text_tokens_and_finish():
@@ -77,7 +78,7 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
             {"index": 1, "message": {"role": "assistant", "content": "London"}, "logprobs": None,
              "finish_reason": "length"},
         ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8},
+        "usage": usage_of(3, 5),
     }
 
 
@@ -115,7 +116,7 @@ def test_a_choice_that_produced_nothing_is_empty_and_unfinished():
 
 
 def test_usage_before_admission_counts_no_prompt():
-    assert chat().usage() == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    assert chat().usage() == usage_of(0, 0)
 
 
 # -- completions ---------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def test_completion_chunks_and_body_shape():
                      "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}]}
     assert r.full() == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
                         "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}],
-                        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}
+                        "usage": usage_of(2, 1)}
 
 
 def test_completion_echo_prefixes_the_first_chunk_and_the_body_only():

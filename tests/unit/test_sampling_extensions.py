@@ -28,7 +28,7 @@ from app.protocol import (
 from app.responses import ChatShape, Responder
 from app.vllm_engine import _logprobs, _refusal, _sampling_params
 from tests.support.error_shape import assert_error_shape
-from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body
+from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body, usage_of
 from tests.support.request_models import chat, completion
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20)
@@ -215,8 +215,8 @@ def test_responder_puts_the_usage_so_far_on_every_chunk():
     r.admitted(Admitted(prompt_tokens=4))
     one = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="Hi", num_tokens=1),)))
     two = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="!", num_tokens=2, finish_reason="stop"),)))
-    assert one["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
-    assert two["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert one["usage"] == usage_of(4, 1)
+    assert two["usage"] == usage_of(4, 3)
     assert r.usage_chunk()["usage"] == two["usage"]  # the last chunk still comes, with the same figures
 
 

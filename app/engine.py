@@ -54,6 +54,7 @@ class GenerationParams:
     # parser to find the calls the model writes in its own format; None: no parsing.
     auto_tools: tuple[dict[str, Any], ...] | None = None
     return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
 
 

@@ -237,9 +237,11 @@ class FakeEngine:
                         finish = "stop"
                     logprobs = None
                     if params.logprobs is not None:
-                        top = tuple((f"alt{k}", -1.0 - k) for k in range(params.logprobs))
-                        ranked = ((word, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
-                        logprobs = (TokenLogprob(token=word, logprob=-0.5, top=ranked),)
+                        name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else word
+                        top = tuple((f"token_id:{VOCAB_SIZE - 1 - k}" if params.tokens_as_ids else f"alt{k}", -1.0 - k)
+                                    for k in range(params.logprobs))
+                        ranked = ((name, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
+                        logprobs = (TokenLogprob(token=name, logprob=-0.5, top=ranked),)
                     calls: tuple[ToolCallDelta, ...] = ()
                     if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
                         calls = (_auto_call(params.auto_tools[0], i),)

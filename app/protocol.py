@@ -99,6 +99,9 @@ class _Request(BaseModel):
     allowed_token_ids: list[TokenId] | None = Field(None, description="vLLM extension: sample only these tokens.")
     bad_words: list[str] = Field(default_factory=list, description="vLLM extension: words never generated.")
     return_token_ids: bool | None = Field(None, description="vLLM extension: the prompt's and the output's ids.")
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="vLLM extension: logprobs name each token 'token_id:<id>' instead of its text."
+    )
     truncate_prompt_tokens: int | None = Field(
         None, ge=-1, le=2**63 - 1, description="vLLM extension: keep only this many prompt tokens (-1: the context)."
     )
@@ -244,6 +247,7 @@ class _Request(BaseModel):
             "allowed_token_ids": allowed,
             "bad_words": self._bad_words(),
             "return_token_ids": bool(self.return_token_ids),
+            "tokens_as_ids": bool(self.return_tokens_as_token_ids),
             "priority": self.priority,
         }
 

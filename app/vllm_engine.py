@@ -198,7 +198,14 @@ def _finite(logprob: float) -> float:
     return logprob if logprob >= -9999.0 else -9999.0  # NaN compares false: clamped
 
 
-def _logprobs(completion: Any, top_k: int, stop_in_text: bool = False) -> tuple[TokenLogprob, ...]:
+def _token_name(token_id: int, logprob: Any, as_id: bool) -> str:
+    """How logprobs name a token: its text, or vLLM's "token_id:<id>" (return_tokens_as_token_ids)."""
+    return f"token_id:{token_id}" if as_id else logprob.decoded_token or ""
+
+
+def _logprobs(
+    completion: Any, top_k: int, stop_in_text: bool = False, as_ids: bool = False
+) -> tuple[TokenLogprob, ...]:
     pairs = list(zip(completion.token_ids, completion.logprobs or (), strict=False))  # no logprobs: no pairs
     if (
         pairs
@@ -212,12 +219,12 @@ def _logprobs(completion: Any, top_k: int, stop_in_text: bool = False) -> tuple[
     out = []
     for token_id, alternatives in pairs:
         chosen = alternatives[token_id]
-        ranked = sorted(alternatives.values(), key=lambda lp: lp.rank)[:top_k]
+        ranked = sorted(alternatives.items(), key=lambda item: item[1].rank)[:top_k]
         out.append(
             TokenLogprob(
-                token=chosen.decoded_token or "",
+                token=_token_name(token_id, chosen, as_ids),
                 logprob=_finite(chosen.logprob),
-                top=tuple((lp.decoded_token or "", _finite(lp.logprob)) for lp in ranked),
+                top=tuple((_token_name(tid, lp, as_ids), _finite(lp.logprob)) for tid, lp in ranked),
             )
         )
     return tuple(out)
@@ -232,7 +239,8 @@ def _kill_started_since(before: set[int]) -> None:
     psutil.wait_procs(started, timeout=10)
 
 
-def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = False) -> ChoiceDelta:
+def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = False, as_ids: bool = False
+                  ) -> ChoiceDelta:
     """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape;
     `stop_in_text`: the request's include_stop_str_in_output."""
     reason = completion.finish_reason
@@ -243,7 +251,7 @@ def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = Fa
         text=completion.text,
         num_tokens=len(completion.token_ids),
         finish_reason=_NORMAL_FINISH[reason],
-        logprobs=_logprobs(completion, logprobs, stop_in_text) if logprobs is not None else None,
+        logprobs=_logprobs(completion, logprobs, stop_in_text, as_ids) if logprobs is not None else None,
     )
 
 
@@ -342,7 +350,8 @@ class VLLMEngine:
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
             async for out in self.llm.generate(prompt, sampling, request_id, priority=params.priority):
-                choices = tuple(_choice_delta(c, params.logprobs, stop_in_text) for c in out.outputs)
+                choices = tuple(_choice_delta(c, params.logprobs, stop_in_text, params.tokens_as_ids)
+                                for c in out.outputs)
                 if parsers:
                     choices = tuple(_with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))
                 if params.return_token_ids:

@@ -319,3 +319,18 @@ def test_null_sampling_values_are_the_defaults_as_in_vllm():
     assert (p.temperature, p.top_p, p.presence_penalty, p.frequency_penalty, p.n) == (1.0, 1.0, 0.0, 0.0, 1)
     with pytest.raises(ValidationError):  # vLLM's completions take no null n either
         completion(n=None)
+
+
+def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
+    from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
+
+    logprobs = create_sample_logprobs(False)
+    append_logprobs_for_next_position(logprobs, [7, 9], [-0.1, -2.0], ["a", "b"], 1, 1)
+    out = CompletionOutput(index=0, text="a", token_ids=[7], cumulative_logprob=None, logprobs=logprobs,
+                           finish_reason="length", stop_reason=None)
+    (by_text,) = _logprobs(out, 2)
+    (by_id,) = _logprobs(out, 2, as_ids=True)
+    assert by_text.token == "a" and [t for t, _ in by_text.top] == ["a", "b"]
+    assert by_id.token == "token_id:7" and [t for t, _ in by_id.top] == ["token_id:7", "token_id:9"]
+    assert chat(return_tokens_as_token_ids=True, logprobs=True).to_params(LIMITS).tokens_as_ids
+    assert not chat(logprobs=True).to_params(LIMITS).tokens_as_ids

@@ -242,3 +242,14 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_usage_says_so(cli
     assert cached >= first.prompt_tokens_details.cached_tokens
     hits = re.findall(r'^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$', http.get("/metrics").text, re.M)
     assert hits and sum(float(h) for h in hits) >= cached
+
+
+def test_return_tokens_as_token_ids_names_the_tokens_that_spell_the_answer(http):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 2,
+            "return_tokens_as_token_ids": True, "ignore_eos": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    tokens = choice["logprobs"]["tokens"]
+    assert len(tokens) == 4 and all(re.fullmatch(r"token_id:\d+", t) for t in tokens), tokens
+    assert all(re.fullmatch(r"token_id:\d+", t) for top in choice["logprobs"]["top_logprobs"] for t in top)
+    ids = [int(t.split(":")[1]) for t in tokens]
+    assert http.post("/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"] == choice["text"]

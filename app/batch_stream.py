@@ -72,6 +72,7 @@ class Batch:
                         choices=tuple(replace(c, index=prompt * self._n + c.index) for c in item.choices),
                         prompt_token_ids=item.prompt_token_ids,
                         cached_tokens=item.cached_tokens,
+                        prompt_logprobs=item.prompt_logprobs,
                     )
         finally:
             await self.aclose()

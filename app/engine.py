@@ -55,6 +55,7 @@ class GenerationParams:
     auto_tools: tuple[dict[str, Any], ...] | None = None
     return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, with this many alternatives
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
 
 
@@ -132,6 +133,14 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True)
+class PromptTokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int | None
+    text: str
+
+
+@dataclass(frozen=True)
 class ChoiceDelta:
     """New output of one choice since the previous delta."""
 
@@ -154,6 +163,9 @@ class GenerationDelta:
     prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
     # Prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens), on the first delta only.
     cached_tokens: int | None = None
+    # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
+    # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
+    prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from app.engine import (
     EngineStats,
     GenerationDelta,
     GenerationParams,
+    PromptTokenLogprob,
     TokenLogprob,
     ToolCallDelta,
 )
@@ -257,7 +258,9 @@ class FakeEngine:
                 yield GenerationDelta(choices=tuple(choices),
                                       prompt_token_ids=tuple(prompt_token_ids) if first and params.return_token_ids
                                       else None,
-                                      cached_tokens=cached if first else None)
+                                      cached_tokens=cached if first else None,
+                                      prompt_logprobs=self._prompt_logprobs(prompt_token_ids, params) if first
+                                      else None)
         finally:
             self.running.discard(request_id)
             self._changed()
@@ -270,6 +273,19 @@ class FakeEngine:
     async def check_health(self) -> None:
         if self.dead:
             raise EngineDead("fake engine is dead")
+
+    def _prompt_logprobs(
+        self, prompt: list[int], params: GenerationParams
+    ) -> tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None:
+        """As vLLM's: None for the first token, then each token (rank 1 here) and `prompt_logprobs` others."""
+        k = params.prompt_logprobs
+        if k is None:
+            return None
+        def alternatives(t: int) -> tuple[PromptTokenLogprob, ...]:
+            others = [o for o in range(VOCAB_SIZE) if o != t][:k]
+            return (PromptTokenLogprob(t, -0.25, 1, self.decode([t])),
+                    *(PromptTokenLogprob(o, -2.0 - r, r + 2, self.decode([o])) for r, o in enumerate(others)))
+        return (None, *(alternatives(t) for t in prompt[1:]))
 
     def _cached(self, prompt: tuple[int, ...]) -> int:
         """As vLLM's prefix cache: whole blocks of `prompt` shared with an earlier prompt, never all of it (the

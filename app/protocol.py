@@ -102,6 +102,9 @@ class _Request(BaseModel):
     return_tokens_as_token_ids: bool | None = Field(
         None, description="vLLM extension: logprobs name each token 'token_id:<id>' instead of its text."
     )
+    prompt_logprobs: int | None = Field(
+        None, description="vLLM extension: the prompt's tokens' logprobs, with this many alternatives (not streamed)."
+    )
     truncate_prompt_tokens: int | None = Field(
         None, ge=-1, le=2**63 - 1, description="vLLM extension: keep only this many prompt tokens (-1: the context)."
     )
@@ -248,6 +251,7 @@ class _Request(BaseModel):
             "bad_words": self._bad_words(),
             "return_token_ids": bool(self.return_token_ids),
             "tokens_as_ids": bool(self.return_tokens_as_token_ids),
+            "prompt_logprobs": self.prompt_logprobs,
             "priority": self.priority,
         }
 
@@ -283,6 +287,7 @@ class _Request(BaseModel):
                 f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name
             )
         constraint = self.structured_outputs.params() if self.structured_outputs is not None else {}
+        self._check_prompt_logprobs(limits)
         return GenerationParams(
             max_tokens=max_tokens,
             n=self.n,
@@ -298,6 +303,21 @@ class _Request(BaseModel):
             **self._extensions(max_tokens),
             **{**constraint, **extra},  # chat's response_format and forced tool calls replace the constraint
         )
+
+    def _check_prompt_logprobs(self, limits: LimitsConfig) -> None:
+        """vLLM's rules (its messages): not with a stream unless 0, at least 0 or -1 (the whole vocabulary, which
+        no model here allows: the most is `limits.max_logprobs`, as for `logprobs`)."""
+        k = self.prompt_logprobs
+        if k is None:
+            return
+        if self.stream and (k > 0 or k == -1):
+            raise InvalidRequest("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
+        if k < 0 and k != -1:
+            raise InvalidRequest("`prompt_logprobs` must be a positive value or -1.", param="prompt_logprobs")
+        if k == -1 or k > limits.max_logprobs:
+            raise InvalidRequest(
+                f"'prompt_logprobs' is {k}; this model allows at most {limits.max_logprobs}", param="prompt_logprobs"
+            )
 
     @property
     def include_usage(self) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob, ToolCallDelta
+from app.engine import Admitted, ChoiceDelta, GenerationDelta, PromptTokenLogprob, TokenLogprob, ToolCallDelta
 from app.tool_calls import REQUIRED, ForcedCalls, ToolCall
 
 
@@ -186,6 +186,14 @@ class StreamWriter(Protocol):
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]: ...
 
 
+
+def _prompt_logprobs_json(
+    positions: tuple[tuple[PromptTokenLogprob, ...] | None, ...],
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's JSON: per prompt position None (the first) or {token id: {logprob, rank, decoded_token}}."""
+    return [None if alts is None else {str(a.token_id): {"logprob": a.logprob, "rank": a.rank, "decoded_token": a.text}
+                                       for a in alts} for alts in positions]
+
 @dataclass
 class _ChoiceState:
     index: int
@@ -197,6 +205,7 @@ class _ChoiceState:
     tool_calls: dict[int, ToolCall] = field(default_factory=dict)  # found by the engine's parser, by call index
     token_ids: list[int] = field(default_factory=list)  # with return_token_ids
     prompt_token_ids: list[int] | None = None  # with return_token_ids: its prompt's (a batch has several)
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # with prompt_logprobs: its prompt's
 
 
 @dataclass
@@ -231,10 +240,12 @@ class Responder:
                 if i.prompt_text is not None and prompt < len(self.shape.echo_texts):
                     self.shape.echo_texts[prompt] = i.prompt_text  # a token-id prompt's text, decoded by the engine
 
-    def _absorb(self, c: ChoiceDelta, prompt_token_ids: tuple[int, ...] | None = None) -> _ChoiceState:
+    def _absorb(self, c: ChoiceDelta, delta: GenerationDelta | None = None) -> _ChoiceState:
         acc = self._choices[c.index]
-        if prompt_token_ids is not None and acc.prompt_token_ids is None:
-            acc.prompt_token_ids = list(prompt_token_ids)
+        if delta is not None and delta.prompt_token_ids is not None and acc.prompt_token_ids is None:
+            acc.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta is not None and delta.prompt_logprobs is not None and acc.prompt_logprobs is None:
+            acc.prompt_logprobs = _prompt_logprobs_json(delta.prompt_logprobs)
         if c.token_ids is not None:
             acc.token_ids += c.token_ids
         acc.text += c.text
@@ -277,7 +288,7 @@ class Responder:
         self.cached_tokens += delta.cached_tokens or 0
         choices = []
         for c in delta.choices:
-            acc = self._absorb(c, delta.prompt_token_ids)
+            acc = self._absorb(c, delta)
             first = not acc.started
             choice = self.shape.chunk_choice(c, first=first)
             acc.started = True
@@ -325,6 +336,15 @@ class Responder:
                               for choice, c in zip(out["choices"], self._choices, strict=True)]
             if isinstance(self.shape, ChatShape):
                 out["prompt_token_ids"] = self._choices[0].prompt_token_ids if self._choices else None
+        if any(c.prompt_logprobs is not None for c in self._choices):  # asked for (vLLM's shapes)
+            if isinstance(self.shape, ChatShape):
+                out["prompt_logprobs"] = self._choices[0].prompt_logprobs
+            else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
+                per_prompt = max(1, self.shape.n)
+                for choice, c in zip(out["choices"], self._choices, strict=True):
+                    group = self._choices[c.index // per_prompt * per_prompt:][:per_prompt]
+                    choice["prompt_logprobs"] = next(
+                        (g.prompt_logprobs for g in group if g.prompt_logprobs is not None), None)
         out["usage"] = self.usage()
         return out
 
@@ -332,5 +352,5 @@ class Responder:
         async for delta in stream:
             self.cached_tokens += delta.cached_tokens or 0
             for c in delta.choices:
-                self._absorb(c, delta.prompt_token_ids)
+                self._absorb(c, delta)
         return self.full()

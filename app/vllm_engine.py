@@ -37,6 +37,7 @@ from app.engine import (
     EngineStats,
     GenerationDelta,
     GenerationParams,
+    PromptTokenLogprob,
     TokenLogprob,
 )
 from app.errors import InvalidRequest
@@ -140,7 +141,27 @@ def _sampling_params(p: GenerationParams) -> SamplingParams:
         logit_bias=dict(p.logit_bias) or None,
         allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
         bad_words=list(p.bad_words) or None,
+        prompt_logprobs=p.prompt_logprobs,
     )
+
+
+def _prompt_logprobs(out: Any, as_ids: bool) -> tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None:
+    """vLLM's prompt logprobs of a RequestOutput (with prompt_logprobs), each position's own token first, then
+    its alternatives by rank; -inf clamped as vLLM's server clamps it (-9999.0)."""
+    found = getattr(out, "prompt_logprobs", None)
+    if found is None:
+        return None
+    positions: list[tuple[PromptTokenLogprob, ...] | None] = []
+    for token_id, alternatives in zip(out.prompt_token_ids or (), found, strict=False):
+        if alternatives is None:
+            positions.append(None)
+            continue
+        ranked = sorted(alternatives.items(), key=lambda item: (item[0] != token_id, item[1].rank or 0))
+        positions.append(tuple(
+            PromptTokenLogprob(tid, max(lp.logprob, -9999.0), lp.rank, _token_name(tid, lp, as_ids))
+            for tid, lp in ranked
+        ))
+    return tuple(positions)
 
 
 # The request parameters vLLM may name in a VLLMValidationError (or begin its message with) that are this
@@ -358,7 +379,10 @@ class VLLMEngine:
                     choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
                                                                                              strict=True))
                 cached = getattr(out, "num_cached_tokens", None) if first else None
-                yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids, cached_tokens=cached)
+                prompt_logprobs = _prompt_logprobs(out, params.tokens_as_ids) if first and params.prompt_logprobs \
+                    is not None else None
+                yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids, cached_tokens=cached,
+                                      prompt_logprobs=prompt_logprobs)
                 prompt_ids, first = None, False
         except VLLMValidationError as err:
             raise _refusal(err, params) from None

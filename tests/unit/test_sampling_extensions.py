@@ -334,3 +334,31 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
     assert by_id.token == "token_id:7" and [t for t, _ in by_id.top] == ["token_id:7", "token_id:9"]
     assert chat(return_tokens_as_token_ids=True, logprobs=True).to_params(LIMITS).tokens_as_ids
     assert not chat(logprobs=True).to_params(LIMITS).tokens_as_ids
+
+
+async def test_prompt_logprobs_as_vllm_shapes_them_and_refuses_them(client):
+    """vLLM's shapes: chat's on the response, completions' on each choice; None for the first prompt token."""
+    chat_answer = (await client.post("/v1/chat/completions", json={
+        "model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        "prompt_logprobs": 2})).json()
+    positions = chat_answer["prompt_logprobs"]
+    assert positions[0] is None and len(positions) == chat_answer["usage"]["prompt_tokens"]
+    first = positions[1]
+    assert len(first) == 3 and all(set(v) == {"logprob", "rank", "decoded_token"} for v in first.values())
+    completion = (await client.post("/v1/completions", json={
+        "model": MODEL_ID, "prompt": "abc", "max_tokens": 2, "n": 2, "temperature": 1,
+        "prompt_logprobs": 0})).json()
+    assert [c["prompt_logprobs"] for c in completion["choices"]] == [
+        [None, {"98": {"logprob": -0.25, "rank": 1, "decoded_token": "b"}},
+         {"99": {"logprob": -0.25, "rank": 1, "decoded_token": "c"}}]] * 2
+    for extra, needle in (({"stream": True, "prompt_logprobs": 1}, "not available when `stream=True`"),
+                          ({"prompt_logprobs": 10_000}, "at most"), ({"prompt_logprobs": -1}, "at most"),
+                          ({"prompt_logprobs": -2}, "positive value or -1")):
+        body = {"model": MODEL_ID, "prompt": "abc", "max_tokens": 2, **extra}
+        refused = await client.post("/v1/completions", json=body)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "prompt_logprobs" and needle in error["message"], error
+    plain = (await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "abc",
+                                                         "max_tokens": 2})).json()
+    assert "prompt_logprobs" not in plain["choices"][0]

@@ -9,7 +9,8 @@ existing cluster:
   proxies; clients are the real `openai` SDK. Under a steady load of plain and streaming, greedy and sampled
   requests: an engine killed costs no request (the ingress continues on the other replica what the dead engine
   was answering, and retries there what it refuses), and no request reaches that replica until its new
-  engine is ready (restarted in place, or Serve's replacement); a replica killed costs no request either,
+  engine is ready (restarted in place, or Serve's replacement); an engine stopped (SIGSTOP) is declared wedged
+  and costs none, long streams included; a replica killed costs no request either,
   long streams included; scaling 2 -> 1, then a rolling update back to 2 (`serve deploy` of a changed config:
   every replica replaced by a new one) fail no request; and a whole worker node lost (every process of it
   SIGKILLed) costs none, long streams included: clients hold their connections to the head only.
@@ -20,6 +21,7 @@ from two running replicas."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -214,6 +216,46 @@ def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_
     print(f"the new engine was ready {ready - killed_wall:.1f} s after the kill")
 
 
+def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: Deployment):
+    """SIGSTOP of one EngineCore (alive and silent, which vLLM's health check does not see): its replica's progress
+    watch declares it wedged past its bound (app/progress_watch.py: 30 s floor with decoding requests in it), ends
+    its requests with a retryable 503 and restarts the engine in place; the ingress continues them on the other
+    replica, long greedy streams included."""
+    cluster = two_replicas.cluster
+    before = cluster.engine_cores(DEPLOYMENT)
+    victim_id, victim = next(iter(before.items()))
+    resumed = len(cluster.worker_lines(RESUMED))
+    try:
+        with two_replicas.load(plain=2, streaming=2) as load:
+            load.wait_served(6, what="steady load before the SIGSTOP")
+            streams = _streams_under_way(two_replicas)
+            stopped_at, stopped_wall = time.monotonic(), time.time()
+            victim.suspend()
+            for s in streams:
+                s.join(timeout=600)
+            replica_id, pid = wait_until(lambda: _engine_back(cluster, before), timeout_s=START_S, interval_s=1,
+                                         what="a new engine in place of the stopped one")
+            ready = wait_until(lambda: _ready_since(cluster, pid, stopped_wall), timeout_s=START_S, interval_s=1,
+                               what=f"replica {replica_id}'s new engine ready")
+            cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+            load.wait_served(6, what="the load served once both engines serve")
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.kill()  # a stopped process outlives SIGTERM: never leave one behind a failed test
+    wedged = [ln for ln in cluster.replica_log_lines(pid)
+              if ln["ts"] >= stopped_wall and " wedged: " in ln.get("message", "")]
+    moved = _resumed_since(cluster, resumed)
+    print(f"SIGSTOP of {victim_id}'s engine: {load.summary(stopped_at)}; declared wedged "
+          f"{wedged[0]['ts'] - stopped_wall if wedged else float('nan'):.1f} s after, new engine ready "
+          f"{ready - stopped_wall:.1f} s after; long streams whole: {sum(s.whole() is None for s in streams)} of "
+          f"{len(streams)}; continuations logged: {moved}")
+    assert wedged, "the replica did not declare its stopped engine wedged"
+    assert not load.failures(), load.summary(stopped_at)
+    for s in streams:
+        assert s.whole() is None, s.whole()
+    assert moved, "no request was on the stopped engine: the test proved nothing about moving one"
+
+
 def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
     would: Serve replaces the replica; its requests in flight continue on the other replica (app/continuation.py),
@@ -223,11 +265,7 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
     victim_id, victim_pid = next(iter(before.items()))
     with two_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the kill")
-        streams = [LongStream(two_replicas.base_url, KEY, MODEL) for _ in range(4)]
-        for s in streams:
-            s.start()
-        wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
-                   what="every long stream under way")
+        streams = _streams_under_way(two_replicas)
         killed_at = time.monotonic()
         psutil.Process(victim_pid).kill()
         for s in streams:
@@ -315,11 +353,7 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     resumed_before = len(cluster.worker_lines(RESUMED))
     with two_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the node is lost")
-        streams = [LongStream(two_replicas.base_url, KEY, MODEL) for _ in range(4)]
-        for s in streams:
-            s.start()
-        wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
-                   what="every long stream under way")
+        streams = _streams_under_way(two_replicas)
         lost_at = time.monotonic()
         said = cluster.lose_node(victim.node)
         for s in streams:
@@ -335,6 +369,16 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     for s in streams:
         assert s.whole() is None, s.whole()
     assert resumed, "no request was on the lost node's replica: the test proved nothing about moving one"
+
+
+def _streams_under_way(deployment: Deployment, count: int = 4) -> list[LongStream]:
+    """`count` long greedy streams started, returned once each has sent a few chunks."""
+    streams = [LongStream(deployment.base_url, KEY, MODEL) for _ in range(count)]
+    for s in streams:
+        s.start()
+    wait_until(lambda: all(s.chunks >= 3 for s in streams), timeout_s=300, interval_s=0.2,
+               what="every long stream under way")
+    return streams
 
 
 def _engine_override(serve_config: dict) -> dict:

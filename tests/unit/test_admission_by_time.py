@@ -207,3 +207,22 @@ async def test_a_full_queue_says_to_retry_when_the_pace_predicts_a_place_frees()
     running.release()
     await asyncio.wait_for(waiting, 5)
     queued.release()
+
+
+async def test_an_idle_engine_admits_whatever_its_model_predicts_so_the_model_can_learn():
+    """A pace fitted on slow samples (a cold start, long continued prompts) predicts every request late; refused
+    everything, it would never see the engine is fast again. Idle (nothing running or queued), it admits; busy,
+    the same prediction refuses."""
+    pessimist = EnginePace()
+    for backlog in (10, 50, 100, 200):
+        pessimist.first_token(backlog, 1, 20.0)
+        pessimist.decoded(1, 1, 0.5)
+    admission = Admission(max_running=2, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pessimist)
+    first = admission.reserve()
+    await first.admit(20, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=10)  # idle: admitted
+    assert admission.stats().predicted_first_token_s > 10.0
+    second = admission.reserve()
+    with pytest.raises(OverTimeTarget):
+        await second.admit(20, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=10)
+    second.release()
+    first.release()

@@ -251,14 +251,7 @@ def lose_node(name: str, state_dir: Path = STATE_DIR) -> int:
     state = ClusterState.load(state_dir / "cluster.json")
     if not any(n.name == name for n in state.nodes):
         raise ClusterError(f"no node {name!r} in this cluster; it has {[n.name for n in state.nodes]}")
-    victims = _tagged(state.tag, node=name)
-    for p in victims:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(victims, timeout=10)
-    return len(victims)
+    return _kill_all(_tagged(state.tag, node=name))
 
 
 def down(state_dir: Path = STATE_DIR) -> int:
@@ -270,12 +263,17 @@ def down(state_dir: Path = STATE_DIR) -> int:
     state = ClusterState.load(state_path)
     for node in reversed(state.nodes):
         stop_node(node)
-    leftovers = _tagged(state.tag)
-    for p in leftovers:
+    leftovers = _kill_all(_tagged(state.tag))
+    state_path.unlink()
+    return leftovers
+
+
+def _kill_all(processes: list[psutil.Process]) -> int:
+    """SIGKILL to each (those already gone are skipped), waited for; returns how many there were."""
+    for p in processes:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(leftovers, timeout=10)
-    state_path.unlink()
-    return len(leftovers)
+    psutil.wait_procs(processes, timeout=10)
+    return len(processes)

@@ -61,13 +61,19 @@ LONGER = 48
 
 def manifest_serve_config(port: int) -> dict:
     """The manifest's serveConfigV2 as it is, except where the proxy listens (a pod's address there, loopback
-    and a free port here: what the pod's network gives, not part of the application) and the drain's grace."""
+    and a free port here: what the pod's network gives, not part of the application), the drain's grace and the
+    first-token target."""
     manifest = yaml.safe_load(MANIFEST.read_text())
     config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     # A short grace, so that the scale-down and the rolling update stop replicas whose requests cannot finish
     # within it (issue 13's "past the grace period"): those continue on another replica.
     config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] = DRAIN_GRACE_S
+    # No first-token target: while one replica carries everything (an update, a replacement) on two shared cores,
+    # it can predict past 10 s and refuse at arrival with 429, honestly (a CI run with other work beside it
+    # refused 463 of 543 in the rolling update); these tests are about losing no request, and admission by time
+    # has tests of its own. The chaos driver (docs/chaos.md) runs the manifest's target as it is.
+    config["applications"][0]["args"]["config"]["models"][0]["deployment"]["ttft_target_s"] = None
     return config
 
 

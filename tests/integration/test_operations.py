@@ -117,3 +117,11 @@ def test_the_private_ray_runs_quietly(service):
     controller = next(p for p in tree if "ServeController" in p.name() + " ".join(p.cmdline()))
     environment = controller.environ()
     assert {name: environment.get(name) for name in QUIET_PRIVATE_RAY} == QUIET_PRIVATE_RAY
+
+
+def test_one_replica_answering_all_http_listens_itself_with_no_serve_proxy(service):
+    proxies = [p.name() for p in psutil.Process(service.proc.pid).children(recursive=True) if "ProxyActor" in p.name()]
+    assert not proxies, "one replica answering all HTTP listens itself; no proxy process"
+    # The replica answers /health (so the fixture is ready) a moment before the CLI prints its ready line.
+    wait_until(lambda: "HTTP answered by the replica itself" in service.log_path.read_text(errors="replace"),
+               timeout_s=60, what="the CLI's ready line saying the replica answers HTTP itself")

@@ -39,9 +39,8 @@ from app.errors import InvalidRequest
 
 ANSWER = "This is a fake answer from the test engine."
 VOCAB_SIZE = 256
-
-
 CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+
 
 class FakeEngine:
     def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0):
@@ -281,6 +280,7 @@ class FakeEngine:
         k = params.prompt_logprobs
         if k is None:
             return None
+
         def alternatives(t: int) -> tuple[PromptTokenLogprob, ...]:
             others = [o for o in range(VOCAB_SIZE) if o != t][:k]
             return (PromptTokenLogprob(t, -0.25, 1, self.decode([t])),

@@ -186,13 +186,13 @@ class StreamWriter(Protocol):
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]: ...
 
 
-
 def _prompt_logprobs_json(
     positions: tuple[tuple[PromptTokenLogprob, ...] | None, ...],
 ) -> list[dict[str, dict[str, Any]] | None]:
     """vLLM's JSON: per prompt position None (the first) or {token id: {logprob, rank, decoded_token}}."""
     return [None if alts is None else {str(a.token_id): {"logprob": a.logprob, "rank": a.rank, "decoded_token": a.text}
                                        for a in alts} for alts in positions]
+
 
 @dataclass
 class _ChoiceState:

@@ -102,6 +102,8 @@ def test_predictions_grow_by_how_late_admitted_requests_really_were():
     assert 2.0 <= pace.lateness() <= 3.0
     assert after.first_token_s == pytest.approx(before.first_token_s * pace.lateness())
     assert after.model_first_token_s == pytest.approx(before.first_token_s)
+    # Only the first token is late: the decode after it is the measured decode, not scaled again.
+    assert after.finish_s - after.first_token_s == pytest.approx(before.finish_s - before.first_token_s)
 
 
 def test_early_first_tokens_never_shrink_the_predictions():

@@ -94,13 +94,16 @@ def node_loss(target: Target) -> Callable[[], bool]:
 
 
 def rolling_update(target: Target) -> Callable[[], bool]:
-    """A changed limit in the application's config: new args, so Serve replaces every replica, one at a time."""
+    """A changed limit in the application's config: new args, so Serve replaces every replica. The manifest's
+    `max_surge_percent` starts a new replica before it stops an old one; that replica needs a node of its own
+    (one per node), which a worker joining gives it, as KubeRay's autoscaler adds a pod for the pending replica."""
     old = {r.replica_id for r in target.cluster.replicas(target.deployment)}
     config = json.loads(json.dumps(target.serve_config))
     limits = config["applications"][0]["args"]["config"]["models"][0]["limits"]
     limits["default_max_tokens"] = max(1, limits["default_max_tokens"] - 1)
     target.serve_config = config
     target.cluster.deploy(config, target.work_dir)
+    target.add_worker()
     return lambda: target.whole(since_ids=old)
 
 
@@ -111,6 +114,7 @@ FAULTS = {
         Fault("engine-stop", "engine SIGSTOP (alive, silent)", engine_stop),
         Fault("replica-kill", "replica SIGKILL (the actor's process)", replica_kill),
         Fault("node-loss", "worker node lost (every process SIGKILLed), a new one joins", node_loss),
-        Fault("rolling-update", "rolling update (`serve deploy`, new args)", rolling_update),
+        Fault("rolling-update", "rolling update (`serve deploy`, new args; a node joins for the surge)",
+              rolling_update),
     )
 }

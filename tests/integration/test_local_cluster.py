@@ -12,7 +12,8 @@ existing cluster:
   engine is ready (restarted in place, or Serve's replacement); an engine stopped (SIGSTOP) is declared wedged
   and costs none, long streams included; a replica killed costs no request either,
   long streams included; scaling 2 -> 1, then a rolling update back to 2 (`serve deploy` of a changed config:
-  every replica replaced by a new one) fail no request; and a whole worker node lost (every process of it
+  every replica replaced by a new one, started before the old one stops, on a node that joins for it) fail no
+  request; and a whole worker node lost (every process of it
   SIGKILLed) costs none, long streams included: clients hold their connections to the head only.
 
 The cluster is started once for this module (the guide's once per session: no other module uses one), the
@@ -320,8 +321,9 @@ def test_scaling_down_under_load_fails_no_request(two_replicas: Deployment):
 
 def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(deployed: Deployment):
     """A changed limit in the application's config (new args: Serve replaces every replica) and num_replicas back
-    to the manifest's 2, from the one the scale-down left. Serve's rollout keeps the running count: it starts a
-    replica of the new version before it stops an old one, so the single old replica serves until then."""
+    to the manifest's 2, from the one the scale-down left. The manifest's `max_surge_percent` has Serve start the
+    replicas of the new version before it stops the old one, so the single old replica serves until then; the
+    surge needs a node more than the replicas (one per node), which joins as KubeRay's autoscaler adds a pod."""
     cluster = deployed.cluster
     old = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
     resumed = len(cluster.worker_lines(RESUMED))
@@ -333,6 +335,7 @@ def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(deploy
         load.wait_served(6, what="steady load before the update")
         started = time.monotonic()
         deployed.deploy(config)
+        local_cluster.add_worker(state_dir=cluster.state_dir, env={"APP_API_KEYS": KEY})
         wait_until(lambda: not old & {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=START_S * 2,
                    interval_s=2, what="every old replica replaced")
         cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
@@ -348,8 +351,8 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     and its engine), as a lost pod or machine. Clients hold their connections to the head's proxy and the ingress
     beside it (the manifest's proxy_location HeadOnly, the ingress on the head's `ingress` resource), so no
     connection goes with the node; the requests its replica was answering continue on the other replica, and new
-    ones go there. The last test of the module: Serve's replacement has no free node to go to (one replica per
-    node), so it leaves one replica running."""
+    ones go there. The last test of the module: Serve's replacement starts on the node the rolling update added,
+    and the test ends without waiting for it."""
     cluster = two_replicas.cluster
     proxies = _nodes_running(cluster, "ProxyActor")
     ingresses = cluster.replicas(INGRESS_NAME)

@@ -560,3 +560,31 @@ def test_clients_reach_the_head_only_so_a_lost_worker_cuts_no_connection(path):
         if name != "head":
             probe = container["readinessProbe"]["httpGet"]
             assert probe["port"] != SERVE_PORT, f"{name}: no Serve proxy on a worker pod to probe"
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_a_rolling_update_starts_new_replicas_before_it_stops_old_ones_and_they_have_room(path):
+    """Serve's default rollout stops an old replica before it starts its replacement: with two replicas, one carried
+    everything for an engine's start (the chaos run of 2026-12-02 01:11 refused 1,070 requests by time). The
+    manifests surge instead (`max_surge_percent`), and the surge needs room: an engine pod more than the most
+    replicas within the worker group's maxReplicas (else the update waits forever, old replicas serving), and the
+    head's ingress resource for every ingress replica twice over."""
+    manifest = _load(path)
+    spec = manifest["spec"]
+    serve_config = parse_serve_config(yaml.safe_load(spec["serveConfigV2"]))
+    offered = json.loads(json.loads(spec["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["resources"]))
+    pods = max(g["maxReplicas"] for g in spec["rayClusterConfig"]["workerGroupSpecs"])
+    for app_schema in serve_config.applications:
+        config, built = build_application(app_schema)
+        overrides = {d.name: d for d in app_schema.deployments}
+        for deployment in _engine_deployments(config, built).values():
+            surge_percent = overrides[deployment.name].max_surge_percent
+            assert isinstance(surge_percent, int) and surge_percent > 0, f"{deployment.name}: no surge"
+            most = _max_replicas(app_schema, deployment)
+            surge = -(-surge_percent * most // 100)
+            assert most + surge <= pods, f"{deployment.name}: {most} replicas + {surge} surge > {pods} pods"
+        ingress = overrides[INGRESS_NAME]
+        assert ingress.max_surge_percent == 100
+        options = ingress.ray_actor_options
+        options = options if isinstance(options, dict) else options.dict(exclude_unset=True)
+        assert 2 * ingress.num_replicas * options["resources"][INGRESS_RESOURCE] <= offered[INGRESS_RESOURCE]

@@ -152,6 +152,7 @@ def up(
         raise ClusterError(f"a cluster is already up (state in {state_path}); `python -m app cluster down` first")
     state_dir.mkdir(parents=True, exist_ok=True)
     env = dict(env or {})
+    _ensure_auth_token(env)
     port, dashboard_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
     dashboard = f"http://127.0.0.1:{dashboard_port}"
@@ -175,6 +176,22 @@ def up(
             raise ClusterError(f"the dashboard did not start on {dashboard}; see {nodes[0].log}")
         time.sleep(0.5)
     return state
+
+
+def _ensure_auth_token(env: Mapping[str, str]) -> None:
+    """`ray start --head` with token auth needs a token and, unlike `ray.init`, makes none: on a machine that never
+    ran Ray it died with "Token authentication is enabled but no authentication token was found". Where neither the
+    environment nor Ray's default file (~/.ray/auth_token) has one, Ray's own `ray get-auth-token --generate`
+    writes that file, which every node and client on this machine then reads, as Ray's docs say to do for local
+    development."""
+    merged = {**os.environ, **env}
+    default_file = Path(merged.get("HOME", Path.home())) / ".ray" / "auth_token"
+    if merged.get("RAY_AUTH_TOKEN") or merged.get("RAY_AUTH_TOKEN_PATH") or default_file.exists():
+        return
+    done = subprocess.run([_RAY, "get-auth-token", "--generate"], env={**merged, **CLUSTER_ENV},
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise ClusterError(f"`ray get-auth-token --generate` failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
 def _join_worker(

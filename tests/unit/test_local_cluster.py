@@ -3,6 +3,7 @@ that `cluster down` reads (a cluster started by one process is stopped by anothe
 
 from __future__ import annotations
 
+from app import local_cluster
 from app.local_cluster import ClusterState, Node, worker_cores
 
 
@@ -22,3 +23,17 @@ def test_the_state_file_round_trips(tmp_path):
     path = tmp_path / "cluster.json"
     state.save(path)
     assert ClusterState.load(path) == state
+
+
+def test_a_machine_that_never_ran_ray_gets_a_token_from_ray_s_own_tool(tmp_path, monkeypatch):
+    """`ray start --head` with token auth makes no token of its own (it died on a fresh machine); up() has Ray's
+    `get-auth-token --generate` write the default file first, and keeps a token that is already there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    token = tmp_path / ".ray" / "auth_token"
+    local_cluster._ensure_auth_token({})
+    first = token.read_text().strip()
+    assert len(first) >= 16
+    local_cluster._ensure_auth_token({})
+    assert token.read_text().strip() == first

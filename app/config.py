@@ -126,6 +126,12 @@ class LimitsConfig(_Strict):
     max_stop_sequence_chars: int = Field(256, ge=1, description="Longest single stop sequence.")
     max_logprobs: int = Field(5, ge=0, description="Largest logprobs / top_logprobs.")
     max_messages: int = Field(512, ge=1, description="Most chat messages per request.")
+    max_embedding_inputs: int = Field(
+        256,
+        ge=1,
+        description="Most inputs (strings or token-id lists) in one /v1/embeddings request (a model with "
+        "`runner: embed`); each is an engine request of its own, and the request is admitted whole.",
+    )
 
     @model_validator(mode="after")
     def _default_within_cap(self) -> LimitsConfig:
@@ -150,6 +156,12 @@ class ModelConfig(_Strict):
     )
     engine_kind: Literal["vllm", "fake"] = Field(
         "vllm", description="'fake' serves a deterministic test engine without loading a model."
+    )
+    runner: Literal["generate", "embed"] = Field(
+        "generate",
+        description="'generate' serves chat, completions and responses; 'embed' serves /v1/embeddings only, "
+        "the model run by vLLM's pooling runner (`--runner pooling --convert embed`: a causal LM's last hidden "
+        "state, L2-normalized). The other routes answer a model of the other kind with a 400 naming `model`.",
     )
     engine: EngineConfig = EngineConfig()
     deployment: DeploymentConfig = DeploymentConfig()

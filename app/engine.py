@@ -80,6 +80,8 @@ class PromptInput:
     # the last ones ("left") or the first ("right"); None: no truncation.
     truncate_to: int | None = None
     truncation_side: str = "left"
+    # The request parameter the prompt came in, which a 400 about it names; "": `messages` or `prompt`.
+    param: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,37 @@ class GenerateRequest:
     # the context, not the prompt limit, and no first-token target applies.
     continuation: bool = False
     resumed_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """What the ingress sends an engine replica for /v1/embeddings: one or more inputs, admitted together (their
+    tokens summed), each an engine request of its own."""
+
+    request_id: str
+    inputs: tuple[PromptInput, ...]
+    timeout_s: float  # a duration, as GenerateRequest's
+    dimensions: int | None = None  # Matryoshka: the vectors' first `dimensions` values, renormalized
+    trace_id: str = ""
+    ttft_target_s: float | None = None  # the client's own target for the answer (an embedding is one output)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The answer to an `EmbedRequest`: one vector per input, in input order, and the prompt tokens they cost."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EmbeddingFacts:
+    """What an embedding engine's model allows (vLLM's model config): its vectors' size, and whether (and to which
+    sizes) `dimensions` may shorten them (Matryoshka representation)."""
+
+    size: int
+    matryoshka: bool = False
+    dimensions: tuple[int, ...] | None = None  # the sizes allowed; None: any from 1 to `size`
 
 
 @dataclass(frozen=True)
@@ -203,7 +236,7 @@ class EngineFailed(Exception):
 
 
 class Engine(Protocol):
-    """A text-generation engine owned by one replica.
+    """A text-generation (or embedding) engine owned by one replica.
 
     Lifecycle: `start()` once (blocking, loads the model), then any number of
     concurrent `generate` calls, then `shutdown()` once. A `generate` iterator
@@ -237,6 +270,16 @@ class Engine(Protocol):
     def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]: ...
+
+    @property
+    def embedding_facts(self) -> EmbeddingFacts | None:
+        """The model's embedding size and Matryoshka sizes (known after `start()`); None for a generating engine."""
+        ...
+
+    async def embed(self, request_id: str, prompt_token_ids: list[int], dimensions: int | None) -> tuple[float, ...]:
+        """The prompt's embedding (an engine started for embeddings); aborted by `abort(request_id)` like `generate`.
+        `EngineRejected` for a prompt the engine refuses (e.g. out-of-vocabulary ids)."""
+        ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -6,6 +6,9 @@ the output is a fixed sentence of word tokens (then end-of-sequence), numbered w
 `ignore_eos` is set, and numbered words after the sentence until `min_tokens`. Stop strings
 end the text before them, or after them with `include_stop_str_in_output`; vLLM's other
 sampling extensions are accepted and have no effect.
+Embeddings (`embed`): a vector of `EMBEDDING_SIZE` values computed from the token ids (each id at its position),
+L2-normalized as vLLM's pooler normalizes, every value a float32 (so base64's float32 round-trips exactly);
+`matryoshka` says whether `dimensions` may shorten it (and to which sizes).
 `token_delay_s` makes generation take time, so admission and cancellation can be
 tested; `kill()` makes it behave like a dead engine.
 
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import struct
 import threading
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from app.engine import (
     ChoiceDelta,
+    EmbeddingFacts,
     EngineDead,
     EngineRejected,
     EngineStats,
@@ -40,11 +46,14 @@ from app.errors import InvalidRequest
 ANSWER = "This is a fake answer from the test engine."
 VOCAB_SIZE = 256
 CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+EMBEDDING_SIZE = 32
 
 
 class FakeEngine:
-    def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0):
+    def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0,
+                 matryoshka: bool | tuple[int, ...] = False):
         self.max_model_len = max_model_len
+        self.matryoshka = matryoshka
         self._kv_cache_tokens = kv_cache_tokens
         self.token_delay_s = token_delay_s
         self.running: set[str] = set()
@@ -264,6 +273,36 @@ class FakeEngine:
             self.running.discard(request_id)
             self._changed()
 
+    @property
+    def embedding_facts(self) -> EmbeddingFacts:
+        sizes = self.matryoshka if isinstance(self.matryoshka, tuple) else None
+        return EmbeddingFacts(size=EMBEDDING_SIZE, matryoshka=bool(self.matryoshka), dimensions=sizes)
+
+    async def embed(self, request_id: str, prompt_token_ids: list[int], dimensions: int | None) -> tuple[float, ...]:
+        if self.dead:
+            raise EngineDead("fake engine is dead")
+        invalid = [t for t in prompt_token_ids if not 0 <= t < VOCAB_SIZE]
+        if invalid:  # vLLM's renderer refuses such a prompt as it is added
+            raise EngineRejected(f"Token id {invalid[0]} is out of vocabulary")
+        self.running.add(request_id)
+        self._prompted += len(prompt_token_ids)
+        self._changed()
+        try:
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            else:
+                await asyncio.sleep(0)
+            if self.dead:
+                raise EngineDead("fake engine died mid-request")
+            values = [sum(math.sin((t + 1) * (k + 1) * 0.37 + p * 0.11) for p, t in enumerate(prompt_token_ids))
+                      for k in range(EMBEDDING_SIZE)]
+            values = values[:dimensions] if dimensions else values  # Matryoshka: the first values, renormalized
+            norm = math.sqrt(sum(v * v for v in values)) or 1.0
+            return tuple(_float32(v / norm) for v in values)
+        finally:
+            self.running.discard(request_id)
+            self._changed()
+
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         self.running.discard(request_id)
@@ -359,6 +398,10 @@ def _calls(message: dict[str, Any]) -> str:
     calls = message.get("tool_calls")
     tool = f"[{message['tool_call_id']}]" if message.get("tool_call_id") else ""
     return tool + ("<|calls|>" + ",".join(c["function"]["name"] for c in calls) if calls else "")
+
+
+def _float32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -47,8 +47,11 @@ from app.admission import Admission, AdmissionStats, Targets, Ticket
 from app.client_targets import tightest
 from app.config import ModelConfig, ServiceConfig
 from app.cpu_affinity import pin
+from app.embeddings import wrong_runner
 from app.engine import (
     Admitted,
+    Embeddings,
+    EmbedRequest,
     Engine,
     EngineDead,
     EngineFailed,
@@ -229,6 +232,8 @@ class EngineHost:
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Admitted | GenerationDelta, None]:
         self._require_ready()
+        if self.model.runner != "generate":
+            raise wrong_runner(self.model.id, self.model.runner, "generation")
         # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
         # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
         self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
@@ -378,6 +383,132 @@ class EngineHost:
         if params.json_schema is not None or params.json_object:
             return params.json_schema_param
         return None
+
+    # -- embeddings -------------------------------------------------------
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """/v1/embeddings: generation's path for a batch of inputs. Each input is held to the length contract
+        (tokenized together, on the tokenizer thread) and is an engine request of its own; the request takes one
+        admission slot and the sum of its inputs' tokens from the budget, so a batch is admitted whole or refused
+        whole (one larger than the whole budget still runs, alone, as a long prompt does)."""
+        self._require_ready()
+        if self.model.runner != "embed":
+            raise wrong_runner(self.model.id, self.model.runner, "embeddings")
+        self._refuse_dimensions(request.dimensions)
+        for prompt in request.inputs:
+            self.prompts.refuse_certainly_too_long(prompt)
+        self.admission.refuse_if_full()
+        arrived = time.monotonic()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + request.timeout_s
+        prompts_ids = await self.prompts.tokenize_all(request.inputs)
+        for ids, prompt in zip(prompts_ids, request.inputs, strict=True):
+            self.prompts.refuse_long_prompt(len(ids), prompt)
+        tokens = sum(len(ids) for ids in prompts_ids)
+        timings: dict[str, float] = {"rendered_ms": _ms_since(arrived)}
+        ticket = self.admission.reserve()
+        outcome = "client_gone"
+        try:
+            # One output per input and no decode: to the pace (app/pace.py) it is a prompt of `tokens` whose first
+            # output is the answer, so the first-token target holds for it as for a generation's first token.
+            first = tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
+            spent = time.monotonic() - arrived
+            await ticket.admit(tokens, deadline - loop.time(),
+                               Targets(first_token_s=None if first is None else first - spent),
+                               prompt_tokens=tokens, max_steps=1)
+            timings["admitted_ms"] = _ms_since(arrived)
+            vectors = await self._embed_all(request, prompts_ids, deadline)
+            ticket.produced(1)
+            timings["first_output_ms"] = _ms_since(arrived)
+            outcome = "finished"
+            return Embeddings(vectors=vectors, prompt_tokens=tokens)
+        except ServiceError as err:
+            outcome = err.code or err.type
+            raise
+        finally:
+            # Not `completed`: its one output would teach the pace that requests use all of their max_tokens.
+            ticket.release(completed=False)
+            log.info("engine request", extra={
+                "request_id": request.request_id, "trace_id": request.trace_id, "model": self.model.id,
+                "outcome": outcome, "prompt_tokens": tokens, "generated_tokens": 0, "inputs": len(request.inputs),
+                **timings,
+            })
+
+    def _refuse_dimensions(self, dimensions: int | None) -> None:
+        """vLLM's checks of `dimensions` (PoolingParams.verify, with its messages), before any tokenizing."""
+        facts = self.engine.embedding_facts
+        if dimensions is None or facts is None:
+            return
+        name = self.model.id
+        if not facts.matryoshka:
+            raise InvalidRequest(f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
+                                 f"(received dimensions={dimensions}).", param="dimensions")
+        if not 1 <= dimensions <= facts.size:
+            raise InvalidRequest(f"Model {name!r} only supports dimensions in range [1, {facts.size}], "
+                                 f"got {dimensions}.", param="dimensions")
+        if facts.dimensions is not None and dimensions not in facts.dimensions:
+            raise InvalidRequest(f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, "
+                                 f"got {dimensions}.", param="dimensions")
+
+    async def _embed_all(self, request: EmbedRequest, prompts_ids: list[list[int]], deadline: float
+                         ) -> tuple[tuple[float, ...], ...]:
+        """Every input's vector, each input an engine request (`<id>-<i>`, as vLLM numbers a batch's prompts) run
+        side by side, ended by `deadline` or a broken engine as `_run` is; on any failure or cancellation the
+        unfinished ones are aborted."""
+        engine, watch = self.engine, self.watch
+        if self._stopped(engine):
+            raise self._ended_by_broken_engine()
+        ids = [f"{request.request_id}-{i}" for i in range(len(prompts_ids))]
+        done: set[str] = set()
+
+        async def one(engine_id: str, prompt_ids: list[int]) -> tuple[float, ...]:
+            watch.entered(engine_id, len(prompt_ids))
+            try:
+                vector = await engine.embed(engine_id, prompt_ids, request.dimensions)
+                done.add(engine_id)
+                watch.output(engine_id)
+                return vector
+            finally:
+                watch.left(engine_id)
+
+        tasks = [asyncio.ensure_future(one(i, p)) for i, p in zip(ids, prompts_ids, strict=True)]
+        self._watch_progress()
+        try:
+            async with asyncio.timeout_at(deadline) as clock:
+                self._clocks[request.request_id] = clock
+                return tuple(await asyncio.gather(*tasks))
+        except TimeoutError:
+            if self._stopped(engine):
+                raise self._ended_by_broken_engine() from None
+            raise RequestTimeout(
+                "The request ran past its time limit and was stopped; send fewer or shorter inputs, or retry later"
+            ) from None
+        except EngineRejected as err:
+            raise InvalidRequest(str(err), param="input") from None
+        except EngineFailed as err:
+            log.warning("engine for %s ended embedding request %s unfinished: %s", self.model.id,
+                        request.request_id, err)
+            raise ServiceUnavailable(
+                f"the engine ended this request without finishing it ({err}); retry", retry_after_s=1
+            ) from None
+        except EngineDead as err:
+            self._engine_broken(engine, f"died ({err})")
+            raise ServiceUnavailable(
+                f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
+            ) from None
+        finally:
+            self._clocks.pop(request.request_id, None)
+            for task in tasks:
+                task.cancel()
+
+            async def settle_then_abort() -> None:
+                await asyncio.gather(*tasks, return_exceptions=True)
+                unfinished = [i for i in ids if i not in done]
+                if unfinished and not self._stopped(engine):  # a broken engine is killed, not asked
+                    for engine_id in unfinished:
+                        await engine.abort(engine_id)
+
+            await _to_completion(settle_then_abort(), ABORT_TIMEOUT_S)
 
     # -- forward progress and the broken engine ---------------------------
 

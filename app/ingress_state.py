@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.config import AppConfig, ModelConfig
-from app.engine import GenerateRequest, PromptInput
+from app.engine import Embeddings, EmbedRequest, GenerateRequest, PromptInput
 from app.errors import ModelNotFound
 from app.gate import Capacity, Lifecycle
 from app.metrics import Metrics
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 class Backend(Protocol):
     def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]: ...
+    async def embed(self, request: EmbedRequest) -> Embeddings: ...
     async def tokenize(self, prompt: PromptInput) -> list[int]: ...
     async def detokenize(self, token_ids: list[int]) -> str: ...
     async def check_health(self) -> None: ...

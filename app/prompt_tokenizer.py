@@ -24,6 +24,8 @@ _T = TypeVar("_T")
 
 def prompt_param(prompt: PromptInput) -> str:
     """The request parameter a prompt came in: what a 400 about it names."""
+    if prompt.param:
+        return prompt.param
     return "messages" if prompt.messages is not None else "prompt"
 
 
@@ -78,6 +80,20 @@ class PromptTokenizer:
         finally:
             self.waiting -= 1
 
+    async def tokenize_all(self, prompts: tuple[PromptInput, ...]) -> list[list[int]]:
+        """Several prompts of one request (an embeddings batch) in one turn of the tokenizer thread: one place in
+        its queue, as the request takes one admission slot."""
+        if self.waiting >= self.max_waiting:
+            raise self._refusal(
+                f"The tokenizer has {self.waiting} prompts waiting; retry after the Retry-After delay",
+                retry_after_s=1,
+            )
+        self.waiting += 1
+        try:
+            return await self.in_thread(lambda: [self._render(p) for p in prompts])
+        finally:
+            self.waiting -= 1
+
     def _render(self, prompt: PromptInput) -> list[int]:
         try:
             if prompt.messages is not None:
@@ -101,14 +117,14 @@ class PromptTokenizer:
         except Exception as err:  # e.g. a chat template that rejects the message order
             raise InvalidRequest(
                 f"the prompt could not be rendered for this model: {err}",
-                param="messages" if prompt.messages else "prompt",
+                param=prompt_param(prompt),
             ) from None
         if prompt.truncate_to is not None:
             ids = self._truncate(ids, prompt.truncate_to, prompt.truncation_side)
         if not ids:
             raise InvalidRequest(
                 "the prompt is empty; send at least one token of text",
-                param="messages" if prompt.messages else "prompt",
+                param=prompt_param(prompt),
             )
         return ids
 

@@ -33,7 +33,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.continuation import Continuation
-from app.engine import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
+from app.engine import Admitted, ChoiceDelta, Embeddings, EmbedRequest, GenerateRequest, GenerationDelta, PromptInput
 from app.errors import QueueFull, ServiceError, ServiceUnavailable
 from app.host import ReplicaStats
 
@@ -249,6 +249,33 @@ class HandleBackend:
             return await getattr(self._handle, method).remote(*args)
         except Exception as err:
             raise translate(err) from None
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """`EngineHost.embed` on a replica; a refusal another replica may not have (full, over its target, engine
+        dead or starting) is tried on another, as a generation that nothing came back for yet is (`_attempts`)."""
+        started = time.monotonic()
+        avoid: tuple[str, ...] = ()
+        for attempt in range(1, ATTEMPTS + 1):
+            remaining_s = request.timeout_s - (time.monotonic() - started)
+            attempt_request = request if attempt == 1 else replace(request, timeout_s=remaining_s)
+            try:
+                answer = await self._handle.embed_remote.remote(attempt_request, avoid)
+            except Exception as err:
+                answer = Refused(cast(ServiceError, translate(err))) if isinstance(translate(err), ServiceError) \
+                    else None
+                if answer is None:
+                    raise translate(err) from None
+            if isinstance(answer, Embeddings):
+                return answer
+            error = cast(Refused, answer).error
+            last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
+            if last or not _worth_another_replica(error):
+                raise error
+            avoid += (answer.replica,) if answer.replica else ()
+            self.retried[error.code or type(error).__name__] += 1
+            log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
+                     request.trace_id or request.request_id, answer.replica or "?", error, attempt + 1, ATTEMPTS)
+        raise AssertionError("unreachable: the last attempt raises")
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         tokens: list[int] = await self._call("tokenize", prompt)

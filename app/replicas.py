@@ -24,7 +24,7 @@ from ray.serve.handle import DeploymentHandle
 
 from app.api_keys import API_KEYS_ENV, ApiKeys
 from app.config import LOOPBACK_HOSTS, AppConfig, ConfigError, ModelConfig, ServiceConfig
-from app.engine import Admitted, Engine, GenerateRequest, PromptInput
+from app.engine import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, PromptInput
 from app.errors import ServiceError
 from app.host import EngineHost, ReplicaStats
 from app.http_listener import HttpListener
@@ -140,6 +140,14 @@ class EngineReplica:
                 yield replace(item, replica=self._replica_id) if isinstance(item, Admitted) else item
         except ServiceError as err:
             yield Refused(err, self._replica_id)
+
+    async def embed_remote(self, request: EmbedRequest, avoid: tuple[str, ...] = ()) -> Embeddings | Refused:
+        """`embed` for callers across the Ray handle: a refusal comes back as a `Refused` value naming this replica
+        (`avoid`: for the router, as `generate_remote`'s)."""
+        try:
+            return await self.host.embed(request)
+        except ServiceError as err:
+            return Refused(err, self._replica_id)
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         return await self.host.tokenize(prompt)

@@ -1,4 +1,4 @@
-"""The OpenAI API routes: chat, completions, responses, models, tokenize, detokenize. Thin by design.
+"""The OpenAI API routes: chat, completions, responses, embeddings, models, tokenize, detokenize. Thin by design.
 
 Each route parses its body (protocol models), picks the model's backend, and for generation awaits
 the first item of the backend's stream, so that validation, admission and queue errors get a real
@@ -21,10 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from app import batch_stream, sse
+from app import batch_stream, embeddings, sse
 from app.client_targets import client_targets
 from app.config import ModelConfig
-from app.engine import GenerateRequest, PromptInput
+from app.engine import Embeddings, EmbedRequest, GenerateRequest, PromptInput
 from app.errors import InternalError, InvalidRequest, ServiceError
 from app.ingress_state import IngressState
 from app.metrics import RequestTimer
@@ -87,6 +87,44 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
         return await _generate_unless_gone(request, chat, writer, "resp")
     except InvalidRequest as err:  # chat's refusal, about a parameter the client sent under its Responses name
         raise type(err)(err.message, param=responses_param(err.param), retry_after_s=err.retry_after_s) from None
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(request: Request, body: embeddings.EmbeddingRequest) -> Response:
+    """Embeddings of a model served with `runner: embed` (app/embeddings.py), admitted as one request."""
+    work = _embed(request, body)
+    return await (work if _state(request).behind_serve_proxy else _cancel_on_disconnect(request, work))
+
+
+async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Response:
+    state = _state(request)
+    model, backend = state.backend_for(body.model)
+    request.state.model = model.id
+    if model.runner != "embed":
+        raise embeddings.wrong_runner(model.id, model.runner, "embeddings")
+    targets = client_targets(request.headers, stream=False)
+    engine_request = EmbedRequest(
+        request_id=embeddings.new_request_id(),
+        inputs=body.to_inputs(model.limits),
+        timeout_s=state.config.service.request_timeout_s,
+        dimensions=body.dimensions,
+        trace_id=request.state.request_id,
+        ttft_target_s=targets.first_token_s,
+    )
+
+    async def answer() -> AsyncGenerator[Embeddings, None]:
+        yield await backend.embed(engine_request)
+
+    timer = RequestTimer(state.metrics, model.id, request.state.arrived)
+    stream = state.capacity.track(model.id, answer())  # full: refused here, as generation is
+    try:
+        result = await anext(stream)
+        timer.done(time.perf_counter())
+    finally:
+        if not timer.finished:
+            timer.client_left(request.url.path)
+        await stream.aclose()
+    return JSONBody(embeddings.response_body(engine_request.request_id, model.id, result, body.encoding_format))
 
 
 @router.get("/version")
@@ -175,6 +213,8 @@ async def _generate(
     state = _state(request)
     model, backend = state.backend_for(body.model)
     request.state.model = model.id
+    if model.runner != "generate":
+        raise embeddings.wrong_runner(model.id, model.runner, "generation")
     if isinstance(body, ChatCompletionRequest):
         prompts = [body.to_prompt(model.limits)]
         params = body.to_params(model.limits, model.engine.tool_call_parser)

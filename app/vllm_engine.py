@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import psutil
-from vllm import SamplingParams
+from vllm import PoolingParams, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMValidationError
 from vllm.inputs import TokensPrompt
@@ -31,6 +31,7 @@ from app.core_plan import CorePlan, describe
 from app.cpu_affinity import keep_off_engine_cores
 from app.engine import (
     ChoiceDelta,
+    EmbeddingFacts,
     EngineDead,
     EngineFailed,
     EngineRejected,
@@ -89,7 +90,11 @@ _NORMAL_FINISH = {None: None, "stop": "stop", "length": "length", "repetition": 
 def _engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
     """vLLM's arguments for `model`; `dtype` is `engine.dtype` as resolved for this machine (precision.py)."""
     e = model.engine
+    # An embedding model: vLLM's pooling runner, converting a causal LM into an embedding model (its pooler: the
+    # last token's hidden state, L2-normalized), as `vllm serve --runner pooling --convert embed`.
+    runner: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
     return AsyncEngineArgs(
+        **runner,
         model=resolve_source(model.source),
         served_model_name=model.id,
         max_model_len=e.max_model_len,
@@ -409,6 +414,47 @@ class VLLMEngine:
         if params.auto_tools is None or self._tool_parser is None:
             return []
         return [AutoToolCalls(self._tool_parser, self._tokenizer, params.auto_tools) for _ in range(params.n)]
+
+    @property
+    def embedding_facts(self) -> EmbeddingFacts | None:
+        if self._model.runner != "embed":
+            return None
+        config = self.llm.model_config
+        sizes = config.matryoshka_dimensions
+        return EmbeddingFacts(size=int(config.embedding_size), matryoshka=bool(config.is_matryoshka),
+                              dimensions=tuple(sizes) if sizes else None)
+
+    async def embed(self, request_id: str, prompt_token_ids: list[int], dimensions: int | None) -> tuple[float, ...]:
+        params = PoolingParams(task="embed", dimensions=dimensions)
+        try:
+            params.verify(self.llm.model_config)  # what vLLM's server does before encode (dimensions' range)
+        except (VLLMValidationError, ValueError) as err:
+            raise InvalidRequest(str(err), param="dimensions") from None
+        result = None
+        try:
+            async for out in self.llm.encode(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), params,
+                                             request_id):
+                result = out
+        except VLLMValidationError as err:  # e.g. "Token id 99999 is out of vocabulary", as the request is added
+            raise EngineRejected(str(err)) from None
+        except EngineDeadError as err:
+            raise EngineDead(f"the engine failed: {err}") from None
+        except EngineGenerateError as err:
+            cause = err.__cause__
+            if self._llm is None or self._llm.errored:
+                raise EngineDead(f"the engine failed: {cause!r}") from None
+            await self.abort(request_id)
+            if isinstance(cause, (ValueError, TypeError)):
+                raise EngineRejected(f"the engine could not take this request: {cause}") from None
+            raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
+        failure = getattr(result, "error", None)
+        if failure is not None:  # vLLM's server answers it with a 503 or a 500
+            raise EngineFailed(f"the engine failed this embedding: {failure.message}")
+        if result is None or not result.finished:
+            raise EngineFailed("the engine ended the embedding request without a result")
+        # float32, as vLLM's server writes the vector (its base64 is float32): the float and base64 answers agree.
+        data = result.outputs.data
+        return tuple(data.float().flatten().tolist())
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None and not self._llm.errored:

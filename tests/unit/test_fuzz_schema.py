@@ -31,11 +31,12 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import content_type_conformance
 
+from app.config import parse_config
 from app.fake_engine import FakeEngine
 from app.host import EngineHost
 from app.ingress import create_app
 from tests.support.error_shape import assert_error_shape
-from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, make_config
+from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, config_dict
 from tests.support.fuzzing import declared_fields, say
 
 # Examples per operation and generation mode: the whole module stays well under a minute.
@@ -53,6 +54,7 @@ OPERATIONS = [
     ("POST", "/v1/responses", BODY_EXAMPLES),
     ("POST", "/tokenize", BODY_EXAMPLES),
     ("POST", "/detokenize", BODY_EXAMPLES),
+    ("POST", "/v1/embeddings", BODY_EXAMPLES),
     ("GET", "/v1/models/{model_id}", LOOKUP_EXAMPLES),
     ("GET", "/v1/models", PLAIN_EXAMPLES),
     ("GET", "/version", PLAIN_EXAMPLES),
@@ -62,6 +64,8 @@ OPERATIONS = [
     ("GET", "/metrics", PLAIN_EXAMPLES),
 ]
 
+EMBED_MODEL_ID = "fake-embed"
+
 # What ran, for the summary: (label, mode) -> statuses seen.
 TALLY: dict[tuple[str, str], Counter] = {}
 
@@ -70,10 +74,16 @@ class Fuzzed:
     """One app over one fake engine, driven through schemathesis' in-process ASGI client."""
 
     def __init__(self) -> None:
-        config = make_config()
+        # Two models: the generation routes' and /v1/embeddings' (an embedding model, Matryoshka, so `dimensions`
+        # reaches the engine too).
+        data = config_dict()
+        data["models"].append({**config_dict(runner="embed")["models"][0], "id": EMBED_MODEL_ID})
+        config = parse_config(data)
         self.engine = FakeEngine(max_model_len=MAX_MODEL_LEN)
         self.host = EngineHost(config.models[0], self.engine, config.service)
-        self.app = create_app(config, {MODEL_ID: self.host})
+        self.embed_engine = FakeEngine(max_model_len=MAX_MODEL_LEN, matryoshka=True)
+        self.embed_host = EngineHost(config.models[1], self.embed_engine, config.service)
+        self.app = create_app(config, {MODEL_ID: self.host, EMBED_MODEL_ID: self.embed_host})
         self.schema = schemathesis.openapi.from_asgi("/openapi.json", self.app)
         self.declared = declared_fields(self.app.openapi())
         # One client, one event loop (schemathesis' shared portal) for every request of the module. It cuts
@@ -111,8 +121,9 @@ def assert_still_healthy(fuzzed: Fuzzed) -> None:
     request answers (each fuzz test ends with it, so it holds whatever order the tests run in)."""
     health = fuzzed.client.get("/health")
     assert health.status_code == 200, health.text
-    stats = fuzzed.client.get("/stats").json()[MODEL_ID]
-    assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
+    for model_id in (MODEL_ID, EMBED_MODEL_ID):
+        stats = fuzzed.client.get("/stats").json()[model_id]
+        assert stats["engine"]["running"] == 0 and stats["admission"]["in_system"] == 0, stats
     assert not fuzzed.engine.running
     normal = fuzzed.client.post("/v1/chat/completions",
                                 json={"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi"}]})
@@ -145,7 +156,7 @@ def _aim(case, aim: str, declared: dict[str, set[str]]) -> None:
     if aim == "as generated":
         return
     if isinstance(case.body, dict) and "model" in case.body:
-        case.body["model"] = MODEL_ID
+        case.body["model"] = EMBED_MODEL_ID if case.path == "/v1/embeddings" else MODEL_ID
         if aim == "served model, declared fields only":
             for name in [k for k in case.body if k not in declared.get(case.path, case.body.keys())]:
                 del case.body[name]

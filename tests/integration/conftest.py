@@ -24,7 +24,7 @@ from tests.conftest import STOP_SHARED_STACK
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-integration"
 MODEL = "smollm2-135m-instruct"
-SECOND_MODEL = "smollm2-short"
+SECOND_MODEL = "smollm2-embed"
 # Small limits so overload and queueing are reachable with a handful of requests.
 MAX_ONGOING = 4
 MAX_QUEUED = 4
@@ -82,14 +82,15 @@ def base_config(port: int) -> dict:
 
 
 def with_second_model(config: dict) -> dict:
-    """The same weights served a second time, under another name, with tighter limits: two engine
-    deployments behind a separate ingress that routes by `model` (the multi-model topology)."""
+    """The same weights served a second time, under another name, as an embedding model (vLLM's pooling runner)
+    with tighter limits: two engine deployments behind a separate ingress that routes by `model` (the multi-model
+    topology)."""
     model = config["models"][0]
     config["models"].append({
-        "id": SECOND_MODEL, "source": "default",
+        "id": SECOND_MODEL, "source": "default", "runner": "embed",
         "engine": {**model["engine"], "max_model_len": 1024},
         "deployment": {**model["deployment"], "max_ongoing_requests": 2, "max_queued_requests": 2},
-        "limits": {"max_tokens": 16, "default_max_tokens": 8, "max_n": 1},
+        "limits": {"max_tokens": 16, "default_max_tokens": 8, "max_n": 1, "max_embedding_inputs": 4},
     })
     return config
 

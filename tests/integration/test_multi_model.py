@@ -1,10 +1,13 @@
 """Two models from one config, each in its own engine deployment, behind a separate ingress that
-routes by `model`. Its own stack (the session's main stack serves one model), started with
+routes by `model`: the default model for generation, and the same weights as an embedding model (vLLM's pooling
+runner), so /v1/embeddings runs on the real engine here without a stack of its own. Its own stack (the
+session's main stack serves one model), started with
 `--serve-proxy`: HTTP goes through Ray Serve's proxy, as under KubeRay, so that path is exercised
 for real too (the main stack's replica listens itself)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import openai
@@ -45,18 +48,69 @@ def test_both_models_are_listed(multi_client):
 
 def test_requests_are_routed_by_model_with_each_models_limits(multi, multi_client):
     before = {m: multi.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
-    r = multi_client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, temperature=0)
-    assert r.model == SECOND_MODEL
-    assert r.usage.completion_tokens <= 8  # the second model's default_max_tokens
-    assert "Paris" in r.choices[0].message.content
+    r = multi_client.embeddings.create(model=SECOND_MODEL, input="What is the capital of France?")
+    assert r.model == SECOND_MODEL and len(r.data) == 1
     after = {m: multi.stats(m)["engine"]["prompt_tokens_total"] for m in (MODEL, SECOND_MODEL)}
-    assert after[SECOND_MODEL] > before[SECOND_MODEL] and after[MODEL] == before[MODEL]  # only its engine worked
+    assert after[MODEL] == before[MODEL]  # only the embedding model's engine worked
+    assert multi.stats(SECOND_MODEL)["admission"]["in_system"] == 0
 
+    with pytest.raises(openai.BadRequestError) as err:  # the second model's own limit
+        multi_client.embeddings.create(model=SECOND_MODEL, input=["a", "b", "c", "d", "e"])
+    assert err.value.body["param"] == "input" and "at most 4" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:  # each model serves its own runner's routes
+        multi_client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, max_tokens=5)
+    assert err.value.body["param"] == "model" and SECOND_MODEL in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
-        multi_client.chat.completions.create(model=SECOND_MODEL, messages=QUESTION, max_tokens=20)
-    assert err.value.body["param"] == "max_tokens" and "at most 16" in err.value.body["message"]
+        multi_client.embeddings.create(model=MODEL, input="x")
+    assert err.value.body["param"] == "model" and MODEL in err.value.body["message"]
     r = multi_client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
     assert r.model == MODEL and "Paris" in r.choices[0].message.content
+
+
+HIDDEN_SIZE = 576  # SmolLM2-135M's hidden size: the converted model's embedding is its last hidden state
+
+
+def _cosine(a, b) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (math.hypot(*a) * math.hypot(*b))
+
+
+def test_embeddings_on_the_real_engine_through_the_sdk(multi, multi_client):
+    texts = ["The capital of France is Paris.", "Bananas are yellow.", "The capital of France is Paris."]
+    r = multi_client.embeddings.create(model=SECOND_MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in r.data] == [0, 1, 2] and r.object == "list" and r.id.startswith("embd-")
+    vectors = [d.embedding for d in r.data]
+    assert all(len(v) == HIDDEN_SIZE for v in vectors)
+    assert all(abs(math.hypot(*v) - 1.0) < 1e-3 for v in vectors)  # vLLM's pooler L2-normalizes
+    assert _cosine(vectors[0], vectors[2]) > 0.9999  # the same input, the same vector (batched together)
+    assert _cosine(vectors[0], vectors[1]) < 0.99  # different inputs differ
+    tokens, other = (_tokenize(multi, text) for text in texts[:2])
+    assert r.usage.prompt_tokens == r.usage.total_tokens == 2 * tokens["count"] + other["count"]
+
+    # The SDK's default is base64 (decoded to floats by the SDK): the same vector as the float answer.
+    b64 = multi_client.embeddings.create(model=SECOND_MODEL, input=texts[0])
+    assert _cosine(b64.data[0].embedding, vectors[0]) > 0.9999
+    # Token ids in: the vector of the string they spell.
+    by_ids = multi_client.embeddings.create(model=SECOND_MODEL, input=tokens["tokens"], encoding_format="float")
+    assert _cosine(by_ids.data[0].embedding, vectors[0]) > 0.9999
+    assert by_ids.usage.prompt_tokens == tokens["count"]
+
+    with pytest.raises(openai.BadRequestError) as err:  # SmolLM2 is no Matryoshka model: vLLM's refusal
+        multi_client.embeddings.create(model=SECOND_MODEL, input="x", dimensions=64)
+    assert err.value.body["param"] == "dimensions" and "Matryoshka" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:  # out of the vocabulary: the engine's check
+        multi_client.embeddings.create(model=SECOND_MODEL, input=[[1, 10**9]])
+    assert err.value.body["param"] == "input" and "vocabulary" in err.value.body["message"]
+    after = multi.stats(SECOND_MODEL)  # every answer above has come back: nothing left in the engine or the queue
+    assert after["engine"]["running"] == 0 and after["admission"]["in_system"] == 0
+
+
+def _tokenize(service, text: str) -> dict:
+    import httpx
+
+    r = httpx.post(f"{service.base_url}/tokenize", headers=service.headers, timeout=30,
+                   json={"model": SECOND_MODEL, "prompt": text})
+    r.raise_for_status()
+    return r.json()
 
 
 def test_stream_disconnect_is_aborted_across_the_ingress_hop(multi):

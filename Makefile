@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput overload hostile chaos fuzz clean cluster-up cluster-down
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput overload hostile chaos fuzz differential clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -75,6 +75,12 @@ goodput: setup-bench
 # Each fault of issue 13 under steady load on a local cluster of its own (docs/chaos.md).
 chaos: setup
 	$(PY) scripts/chaos.py
+
+# The same requests to this service and to bare vLLM (same install, model and engine arguments), compared field by
+# field: the curated set and COUNT property-generated requests; the figures go to docs/differential.md.
+COUNT ?= 300
+differential: setup
+	$(PY) scripts/differential.py --count $(COUNT)
 
 fuzz: setup
 	$(PY) -m pytest -q -s tests/unit/test_fuzz_schema.py tests/unit/test_hostile_inputs.py

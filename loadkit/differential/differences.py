@@ -1,0 +1,130 @@
+"""The known differences from `vllm serve`, each a rule that recognises the mismatches it accounts for.
+
+`intended`: a deliberate difference docs/api.md documents (a stricter limit, a route or behaviour vLLM lacks).
+Not intended: a difference this harness found and docs/differential.md records with its reason, whose fix
+lies outside the files this harness's author could change (or awaits a decision); it is named so that every
+other mismatch stands out, not to excuse it. A comparison is explained when every one of its mismatches is
+accounted for by some rule; `explaining` names the rules it took.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loadkit.differential.compare import ABSENT, Mismatch
+from loadkit.differential.exchange import Request
+
+# vLLM's own fields, which it sends on every answer (null when unused) and the service leaves out
+VLLM_EXTRAS = frozenset({"stop_reason", "token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text",
+                         "routed_experts", "service_tier", "kv_transfer_params", "refusal", "annotations", "audio",
+                         "function_call", "reasoning", "reasoning_content", "created_cache_tokens",
+                         "multimodal_tokens", "completion_tokens_details"})
+# what a Responses answer says that is not its settings' echo: compared as everywhere else
+RESPONSES_CORE = ("output[].content[].text", "output[].type", "output[].name", "output[].arguments",
+                  "status", "usage.input_tokens", "usage.output_tokens", "usage.total_tokens",
+                  "output_text", "arguments", "types", "sequence_ok", "incomplete_details", "output.length")
+
+Rule = Callable[[Request, Mismatch], bool]
+
+
+@dataclass(frozen=True)
+class Difference:
+    name: str
+    intended: bool
+    reason: str
+    explains: Rule
+
+
+def _body(r: Request) -> dict:
+    return r.body or {}
+
+
+def _key(m: Mismatch) -> str:
+    return m.where.rsplit(".", 1)[-1]
+
+
+def _forced_tools(r: Request, m: Mismatch) -> bool:
+    choice = _body(r).get("tool_choice")
+    return bool(_body(r).get("tools")) and (choice == "required" or isinstance(choice, dict))
+
+
+def _vllm_extras(r: Request, m: Mismatch) -> bool:
+    if m.where.startswith("stream.fields."):
+        return m.service == ABSENT and m.where.rsplit(".", 1)[-1].removesuffix("[]") in VLLM_EXTRAS | {
+            "prompt_token_ids", "prompt_text", "created_cache_tokens"}
+    return m.service == ABSENT and (m.vllm is None or _key(m) in ("stop_reason", "created_cache_tokens"))
+
+
+def _responses_fields(r: Request, m: Mismatch) -> bool:
+    inner = m.where.split(".", 1)[-1].removeprefix("response.")
+    return r.path == "/v1/responses" and not any(inner == c or inner.startswith(c + "[") for c in RESPONSES_CORE)
+
+
+DIFFERENCES: list[Difference] = [
+    Difference("forced_tools_without_parser", True,
+               "`tool_choice` `required` or a named function is forced by the tools' schemas with any model; "
+               "`vllm serve` forces it through its tool-call parser and without `--tool-call-parser` refuses it "
+               "(400) or, on /v1/responses, answers in text (docs/api.md, Tools)", _forced_tools),
+    Difference("continuous_usage_per_chunk", True,
+               "with `continuous_usage_stats` each chunk's usage counts every choice so far, and the first chunk "
+               "already carries the first token (vLLM: a role-only chunk first; docs/api.md, extensions)",
+               lambda r, m: bool((_body(r).get("stream_options") or {}).get("continuous_usage_stats"))
+               and m.where.startswith("stream.fields.usage")),
+    Difference("model_card_route", True,
+               "`GET /v1/models/{id}` answers the model card; vLLM 0.32's server has no such route (404)",
+               lambda r, m: r.method == "GET" and r.path.startswith("/v1/models/")),
+    Difference("model_root_is_source", True,
+               "a model's `root` is the config's `source`, not the server's local folder path (docs/api.md, "
+               "Endpoints)", lambda r, m: m.where == "body.data[].root"),
+    Difference("max_tokens_limit", True, "`limits.max_tokens` (1024) bounds one request's work (docs/api.md, Limits)",
+               lambda r, m: int(_body(r).get("max_tokens") or 0) > 1024 and m.path == "status"),
+    Difference("vllm_extra_fields", False,
+               "vLLM sends its own fields on every answer, null when unused (`stop_reason`, `token_ids`, "
+               "`prompt_logprobs`, `service_tier`, `kv_transfer_params`, a message's `refusal`/`annotations`/"
+               "`audio`/`function_call`/`reasoning`, `prompt_tokens_details.created_cache_tokens`, ...); the "
+               "service leaves them out (and so `stop_reason` when a stop token ended the choice)", _vllm_extras),
+    Difference("responses_fields", False,
+               "/v1/responses echoes different settings: vLLM adds `background`, `service_tier`, `truncation`, "
+               "per-turn usage details and more, says `metadata: null`, `text: null`, `tool_choice: \"none\"` "
+               "without tools, `logprobs: null` on text parts; the text, status and token counts are compared",
+               _responses_fields),
+    Difference("eos_logprob", False,
+               "chat logprobs: vLLM lists the end-of-sequence token that ended the choice (an entry with empty "
+               "text); the service leaves it out (docs/api.md says vLLM does too: it does not)",
+               lambda r, m: m.where.endswith("logprobs.content.length")
+               and isinstance(m.vllm, int) and m.vllm == (m.service if isinstance(m.service, int) else -9) + 1),
+    Difference("completion_logprobs_zero", False,
+               "completions `logprobs: 0`: vLLM's `top_logprobs` holds the chosen token per position; the service's "
+               "is empty", lambda r, m: _body(r).get("logprobs") == 0 and "top_logprobs" in m.path),
+    Difference("token_id_bytes", False,
+               "`return_tokens_as_token_ids`: vLLM's `bytes` are the token's own UTF-8 bytes; the service's are "
+               "those of the `token_id:<id>` string", lambda r, m: bool(_body(r).get("return_tokens_as_token_ids"))
+               and (".bytes" in m.where or _key(m) == "bytes")),
+    Difference("generation_prompt_role", False,
+               "`add_generation_prompt: false`: vLLM's message `role` is the last message's role; the service "
+               "says `assistant`", lambda r, m: _body(r).get("add_generation_prompt") is False
+               and m.where.endswith("message.role")),
+    Difference("top_logprobs_param", False,
+               "`top_logprobs` over the model's max: vLLM's 400 names `logprobs`, the service's `top_logprobs`",
+               lambda r, m: m.path == "error.param" and m.vllm == "logprobs" and m.service == "top_logprobs"),
+    Difference("echo_prompt_logprobs", False,
+               "chat `echo` on a continued assistant message: vLLM also returns the prompt's `prompt_logprobs`",
+               lambda r, m: bool(_body(r).get("echo")) and m.where == "body.prompt_logprobs"),
+]
+
+
+def explaining(request: Request, mismatches: list[Mismatch]) -> list[Difference] | None:
+    """The known differences that together account for every one of `mismatches` (the first rule that takes
+    each), or None when some mismatch is unaccounted for."""
+    used: dict[str, Difference] = {}
+    for m in mismatches:
+        found = next((d for d in DIFFERENCES if d.explains(request, m)), None)
+        if found is None:
+            return None
+        used[found.name] = found
+    return [d for d in DIFFERENCES if d.name in used]
+
+
+def by_name(name: str) -> Difference:
+    return next(d for d in DIFFERENCES if d.name == name)

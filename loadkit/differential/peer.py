@@ -1,0 +1,111 @@
+"""The bare-vLLM peer: `python -m vllm.entrypoints.openai.api_server` with the engine arguments of a service config.
+
+The command is the bench's own (`loadkit.bench.systems.system_command` for the `vllm` system: model folder, served
+name, `--enforce-eager`, dtype, max_model_len, max_num_seqs, and `VLLM_CPU_KVCACHE_SPACE` in its environment), and
+its life is the bench's `Server` (own process group, stopped leaving nothing behind). Added here are the engine
+arguments the bench leaves at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as
+app/vllm_engine.py sets it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
+`--enable-prompt-tokens-details` (the service always reports `usage.prompt_tokens_details.cached_tokens`;
+`vllm serve` only with that flag, so without it every usage would differ by that one documented field).
+`dtype: auto` is given to the peer as the bench gives it to its peers (`loadkit.goodput.run.same_precision`):
+what the service's `auto` resolves to on this CPU, not vLLM's own `auto` (the checkpoint's bfloat16).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadkit.bench.launch import Server, wait_ready
+from loadkit.bench.systems import MODEL_ID, Engine, Launchable, Variant, system_command, system_env
+from loadkit.goodput.run import same_precision
+from loadkit.precision import resolved_dtype
+from loadkit.proctree import PeakSampler, ProcessTree
+from loadkit.service import ProcessGroup, free_port
+
+STARTUP_TIMEOUT_S = 300.0  # ~40 s on an idle 2-core machine; a busy one was seen at 3x that
+STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine arguments of one model of a service config, as the peer must get them."""
+
+    model_id: str
+    max_model_len: int
+    max_num_seqs: int
+    enforce_eager: bool
+    kv_cache_gib: int
+    seed: int
+    dtype: str  # resolved: never `auto`
+    max_logprobs: int
+    tool_call_parser: str | None
+
+    @classmethod
+    def from_config(cls, config: dict, model_index: int = 0) -> EngineSettings:
+        """From a parsed service config (configs/cpu.yaml's layout), with the service's defaults where it is
+        silent (app/config.py: max_model_len 2048, max_num_seqs 64 is vLLM's own, eager, 2 GiB, seed 0,
+        limits.max_logprobs 5)."""
+        model = config["models"][model_index]
+        engine = model.get("engine") or {}
+        limits = model.get("limits") or {}
+        return cls(model_id=model["id"], max_model_len=int(engine.get("max_model_len", 2048)),
+                   max_num_seqs=int(engine.get("max_num_seqs", 64)),
+                   enforce_eager=bool(engine.get("enforce_eager", True)),
+                   kv_cache_gib=int(engine.get("kv_cache_gib") or 2), seed=int(engine.get("seed", 0)),
+                   dtype=same_precision(str(engine.get("dtype", "auto"))),
+                   max_logprobs=max(int(limits.get("max_logprobs", 5)), 1),
+                   tool_call_parser=engine.get("tool_call_parser"))
+
+    def bench_engine(self) -> Engine:
+        return Engine(enforce_eager=self.enforce_eager, dtype=self.dtype, max_model_len=self.max_model_len,
+                      max_num_seqs=self.max_num_seqs, kv_cache_gib=self.kv_cache_gib)
+
+    def extra_args(self) -> list[str]:
+        """What the bench's command for bare vLLM lacks for this service's engine."""
+        args = ["--seed", str(self.seed), "--max-logprobs", str(self.max_logprobs), "--enable-prompt-tokens-details"]
+        if self.tool_call_parser:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        return args
+
+
+def peer_command(settings: EngineSettings, port: int, repo: Path, model_dir: str, work: Path) -> list[str]:
+    if settings.model_id != MODEL_ID:  # the bench serves its peers under this one name
+        raise ValueError(f"the peer serves {MODEL_ID!r}; the config's model is {settings.model_id!r}")
+    at = Launchable(repo=repo, model_dir=model_dir, work=work, max_concurrency=settings.max_num_seqs,
+                    max_output_len=settings.max_model_len, engine=settings.bench_engine())
+    return [*system_command(Variant("vllm", settings.dtype), port, at), *settings.extra_args()]
+
+
+@dataclass
+class Peer:
+    """A running bare vLLM: its URL, the dtype its engine reported, and `stop()`."""
+
+    server: Server
+    settings: EngineSettings
+    engine_dtype: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    @classmethod
+    def start(cls, settings: EngineSettings, repo: Path, model_dir: str, work: Path,
+              timeout_s: float = STARTUP_TIMEOUT_S) -> Peer:
+        """Started and answering (a tiny chat completion succeeded), or stopped again and RuntimeError."""
+        port = free_port()
+        command = peer_command(settings, port, repo, model_dir, work)
+        group = ProcessGroup(command, cwd=repo, env=system_env(repo, settings.bench_engine()),
+                             log_path=work / "vllm-peer.log")
+        server = Server(group, PeakSampler(ProcessTree(group.pid, group.tag)).start(), port, command,
+                        time.monotonic())
+        why = wait_ready(group, port, timeout_s)
+        if why:
+            stopped = server.stop(STOP_GRACE_S)
+            raise RuntimeError(f"bare vLLM did not start: {why} ({stopped})\n{group.log_tail(3000)}")
+        return cls(server, settings, resolved_dtype(group.log_tail(200_000)))
+
+    def stop(self) -> str:
+        """Stops the peer's whole process group; how that went ('...; no process left behind' when clean)."""
+        return self.server.stop(STOP_GRACE_S)

@@ -1,0 +1,71 @@
+"""The service against bare `vllm serve` (0.32, this install, the same model, name and engine arguments as the
+session's stack), request by request over the curated set (loadkit/differential/cases.py): each case is equal
+field by field (ids, timestamps and fingerprints aside; floats within compare.FLOAT_TOLERANCE), or differs in
+exactly the known ways it names (loadkit/differential/differences.py; docs/differential.md says why).
+
+The peer is started once for this module, beside the session's shared stack, and stopped at its end leaving no
+process (about 40 s to start; the cases take about a minute on two cores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from loadkit.bench.run import prepare_model
+from loadkit.differential.cases import CURATED, MODEL, Case
+from loadkit.differential.exchange import Request, send
+from loadkit.differential.peer import EngineSettings, Peer
+from loadkit.differential.verdict import judge
+from tests.integration.conftest import REPO, Service, base_config
+
+
+@pytest.fixture(scope="module")
+def peer(service: Service, tmp_path_factory) -> Iterator[Peer]:
+    """Bare vLLM with the engine arguments of the session stack's config (base_config)."""
+    settings = EngineSettings.from_config(base_config(0))
+    running = Peer.start(settings, REPO, prepare_model(REPO), tmp_path_factory.mktemp("vllm-peer"))
+    try:
+        yield running
+    finally:
+        stopped = running.stop()
+        assert stopped.endswith("no process left behind"), stopped
+
+
+@pytest.fixture(scope="module")
+def clients(peer: Peer, service: Service) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    with httpx.Client(base_url=peer.base_url) as v, httpx.Client(base_url=service.base_url,
+                                                                  headers=service.headers) as s:
+        yield v, s
+
+
+def test_the_peer_runs_the_services_precision(peer: Peer, service: Service):
+    from loadkit.precision import resolved_dtype
+
+    assert peer.engine_dtype == peer.settings.dtype
+    assert resolved_dtype(service.group.log_tail(2_000_000)) in (None, peer.engine_dtype)
+
+
+@pytest.mark.parametrize("case", CURATED, ids=[c.name for c in CURATED])
+def test_the_service_answers_as_vllm(case: Case, clients: tuple[httpx.Client, httpx.Client]):
+    vllm, service = clients
+    verdict = judge(case.request, send(vllm, case.request), send(service, case.request))
+    if case.expect == "equal":
+        assert verdict.outcome == "equal", f"{case.name} differs from vLLM:\n{verdict.text()}"
+    else:
+        assert verdict.difference == case.expect, (
+            f"{case.name}: expected exactly the known difference(s) {case.expect}, got "
+            f"{verdict.difference or 'unaccounted mismatches'}:\n{verdict.text()}")
+
+
+def test_embeddings_as_vllm_once_served(clients: tuple[httpx.Client, httpx.Client]):
+    """Embeddings are being built elsewhere: compared as soon as the service answers the route."""
+    vllm, service = clients
+    request = Request("POST", "/v1/embeddings", {"model": MODEL, "input": "The capital of France is"})
+    mine = send(service, request)
+    if mine.status == 404:
+        pytest.skip("the service does not serve /v1/embeddings yet")
+    verdict = judge(request, send(vllm, request), mine)
+    assert verdict.outcome == "equal", verdict.text()

@@ -1,8 +1,8 @@
 """The curated set: one or more requests for every item of the surface the service shares with `vllm serve`.
 
 Every case is greedy (`temperature: 0`) or seeded, and short (a few tokens), so the whole set runs on both
-servers in about a minute on two cores. `expect` is "equal", or the name of the documented difference
-(differences.py) the case shows; the integration test asserts exactly that.
+servers in about a minute on two cores. `expect` is "equal", or the '+'-joined names of the known differences
+(differences.py) the case may show; the integration test asserts that it shows at least one and nothing else.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ CURATED: list[Case] = [
     Case("chat_stream_continuous_usage", chat(stream=True, stream_options={
         "include_usage": True, "continuous_usage_stats": True}), expect="continuous_usage_per_chunk+vllm_extra_fields"),
     Case("chat_logprobs", chat(logprobs=True, top_logprobs=2), expect=EXTRAS + "+eos_logprob"),
-    Case("chat_logprobs_top0_stream", chat(logprobs=True, top_logprobs=0, stream=True), expect=EXTRAS + "+eos_logprob"),
+    Case("chat_logprobs_top0_stream", chat(logprobs=True, top_logprobs=0, stream=True), expect="eos_logprob"),
     Case("completion", completion(), expect=EXTRAS),
     Case("completion_stream_usage", completion(**STREAM_USAGE), expect=EXTRAS),
     Case("completion_logprobs_0", completion(logprobs=0), expect=EXTRAS + "+completion_logprobs_zero"),

@@ -1,7 +1,8 @@
 """The service against bare `vllm serve` (0.32, this install, the same model, name and engine arguments as the
 session's stack), request by request over the curated set (loadkit/differential/cases.py): each case is equal
 field by field (ids, timestamps and fingerprints aside; floats within compare.FLOAT_TOLERANCE), or differs in
-exactly the known ways it names (loadkit/differential/differences.py; docs/differential.md says why).
+at least one of the known ways it names and in no other (loadkit/differential/differences.py;
+docs/differential.md says why). Any mismatch no known difference accounts for fails its case.
 
 The peer is started once for this module, beside the session's shared stack, and stopped at its end leaving no
 process (about 40 s to start; the cases take about a minute on two cores).
@@ -55,9 +56,10 @@ def test_the_service_answers_as_vllm(case: Case, clients: tuple[httpx.Client, ht
     if case.expect == "equal":
         assert verdict.outcome == "equal", f"{case.name} differs from vLLM:\n{verdict.text()}"
     else:
-        assert verdict.difference == case.expect, (
-            f"{case.name}: expected exactly the known difference(s) {case.expect}, got "
-            f"{verdict.difference or 'unaccounted mismatches'}:\n{verdict.text()}")
+        shown = set(verdict.difference.split("+")) if verdict.difference else set()
+        assert shown and shown <= set(case.expect.split("+")), (
+            f"{case.name}: expected the known difference(s) {case.expect}, got "
+            f"{verdict.difference or verdict.outcome}:\n{verdict.text()}")
 
 
 def test_embeddings_as_vllm_once_served(clients: tuple[httpx.Client, httpx.Client]):

@@ -332,3 +332,17 @@ async def test_handle_backend_retries_a_full_replica_and_passes_a_400_through():
     with pytest.raises(InvalidRequest) as err:
         await HandleBackend(refused).embed(_request("a"))  # type: ignore[arg-type]
     assert err.value.param == "input" and len(refused.calls) == 1
+
+
+async def test_the_host_refuses_the_other_runners_requests_too(make_stack):
+    """Behind the ingress tier the replica checks again: a request that reached the wrong engine is a 400."""
+    from tests.support.fake_stack import make_request
+
+    embedding = make_stack(embed_config(), FakeEngine(max_model_len=MAX_MODEL_LEN)).host
+    with pytest.raises(InvalidRequest) as err:
+        await anext(embedding.generate(make_request("Hello")))
+    assert err.value.param == "model"
+    generating = make_stack().host
+    with pytest.raises(InvalidRequest) as err:
+        await generating.embed(_request("Hello"))
+    assert err.value.param == "model" and not generating.engine.running

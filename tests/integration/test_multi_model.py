@@ -104,6 +104,23 @@ def test_embeddings_on_the_real_engine_through_the_sdk(multi, multi_client):
     assert after["engine"]["running"] == 0 and after["admission"]["in_system"] == 0
 
 
+def test_hostile_embeddings_bodies_on_the_real_engine(multi):
+    """The unit suite's hostile /v1/embeddings list (tests/support/hostile.py), once against the real engine: each a
+    client error naming its parameter (never a 5xx or a hang), and the engine healthy and empty afterwards."""
+    import httpx
+
+    from tests.support.hostile import CASE_TIMEOUT_S, check_outcome, embedding_cases, request_args
+
+    with httpx.Client(base_url=multi.base_url, headers=multi.headers, timeout=CASE_TIMEOUT_S) as c:
+        for case in embedding_cases(SECOND_MODEL):
+            r = c.post(case.path, content=case.body, **request_args(case))
+            check_outcome(case, r.status_code, r.headers.get("content-type", ""), r.content)
+        assert c.post("/v1/embeddings", json={"model": SECOND_MODEL, "input": "still fine"}).status_code == 200
+        assert c.get("/health").status_code == 200
+    after = multi.stats(SECOND_MODEL)
+    assert after["engine"]["running"] == 0 and after["admission"]["in_system"] == 0 and after["healthy"]
+
+
 def _tokenize(service, text: str) -> dict:
     import httpx
 

@@ -36,6 +36,9 @@ class Hostile:
         return f"Hostile({self.name})"
 
 
+EMBEDDINGS = "/v1/embeddings"
+
+
 def as_json(value: Any) -> bytes:
     return json.dumps(value, allow_nan=True).encode()
 
@@ -65,6 +68,43 @@ WRONG_TYPES: list[tuple[str, str, Any]] = [
     ("/tokenize", "prompt", 5), ("/tokenize", "messages", "x"),
     ("/detokenize", "tokens", "abc"), ("/detokenize", "tokens", [1.5]), ("/detokenize", "tokens", [-1]),
 ]
+
+
+def embedding_cases(model: str) -> list[Hostile]:
+    """Hostile /v1/embeddings bodies for an embedding model (`runner: embed`); none depends on the engine (the
+    out-of-vocabulary id is beyond every vocabulary), so the real stack gets the same list."""
+    def case(name: str, body: dict, param: object, statuses: tuple[int, ...] = (400,)) -> Hostile:
+        return Hostile(f"embeddings-{name}", EMBEDDINGS, as_json({"model": model, **body}), statuses, param)
+
+    huge = "x" * 600_000  # certainly over the prompt limit from its size alone, under the body limit
+    return [
+        case("no-input", {}, "input"),
+        case("null-input", {"input": None}, "input"),
+        case("number-input", {"input": 7}, "input"),
+        case("object-input", {"input": {"text": "a"}}, "input"),
+        case("mixed-list", {"input": [1, "a"]}, "input"),
+        case("float-ids", {"input": [1.5, 2]}, "input"),
+        case("negative-id", {"input": [-1]}, "input"),
+        case("huge-id", {"input": [2**64]}, "input"),
+        case("out-of-vocabulary-id", {"input": [[1, 2], [2**31 - 1]]}, "input"),
+        case("empty-string", {"input": ""}, "input"),
+        case("empty-list", {"input": []}, "input"),
+        case("empty-id-list", {"input": [[]]}, "input"),
+        case("too-many-inputs", {"input": ["a"] * 300}, "input"),
+        case("too-long", {"input": huge}, "input"),
+        case("too-long-in-a-batch", {"input": ["ok", huge[:100_000]]}, "input"),
+        case("lone-surrogate", {"input": "\ud800"}, ANY_PARAM, (200, 400)),
+        case("nan-dimensions", {"input": "a", "dimensions": float("nan")}, "dimensions"),
+        case("zero-dimensions", {"input": "a", "dimensions": 0}, "dimensions"),
+        case("huge-dimensions", {"input": "a", "dimensions": 2**40}, "dimensions"),
+        case("format-hex", {"input": "a", "encoding_format": "hex"}, "encoding_format"),
+        case("format-bytes", {"input": "a", "encoding_format": "bytes"}, "encoding_format"),
+        case("format-null", {"input": "a", "encoding_format": None}, "encoding_format"),
+        case("embed-dtype", {"input": "a", "embed_dtype": "float16"}, "embed_dtype"),
+        case("unknown-field", {"input": "a", "normalize": True}, "normalize"),
+        case("messages", {"messages": [{"role": "user", "content": "a"}]}, ANY_PARAM),
+        case("truncate-over-context", {"input": "a", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
+    ]
 
 
 def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_000_000) -> list[Hostile]:

@@ -17,14 +17,15 @@ import pytest
 from app.fake_engine import FakeEngine
 from tests.support.fake_stack import MODEL_ID, make_config
 from tests.support.hostile import (
-    ANY_PARAM,
     CASE_TIMEOUT_S,
     CHAT,
     COMPLETIONS,
+    EMBEDDINGS,
     Hostile,
     abody_chunks,
     as_json,
     check_outcome,
+    embedding_cases,
     hostile_cases,
     request_args,
     small_chat,
@@ -103,46 +104,8 @@ async def test_token_ids_past_the_tokenizer_are_a_400(make_stack):
 
 # -- /v1/embeddings: the same contract on an embedding model ------------------------------------
 
-EMBEDDINGS = "/v1/embeddings"
-
-
-def _embedding_cases(model: str) -> list[Hostile]:
-    def case(name: str, body: dict, param: object, statuses: tuple[int, ...] = (400,)) -> Hostile:
-        return Hostile(f"embeddings-{name}", EMBEDDINGS, as_json({"model": model, **body}), statuses, param)
-
-    huge = "x" * 600_000  # certainly over the prompt limit from its size alone, under the body limit
-    return [
-        case("no-input", {}, "input"),
-        case("null-input", {"input": None}, "input"),
-        case("number-input", {"input": 7}, "input"),
-        case("object-input", {"input": {"text": "a"}}, "input"),
-        case("mixed-list", {"input": [1, "a"]}, "input"),
-        case("float-ids", {"input": [1.5, 2]}, "input"),
-        case("negative-id", {"input": [-1]}, "input"),
-        case("huge-id", {"input": [2**64]}, "input"),
-        case("out-of-vocabulary-id", {"input": [[1, 2], [300]]}, "input"),
-        case("empty-string", {"input": ""}, "input"),
-        case("empty-list", {"input": []}, "input"),
-        case("empty-id-list", {"input": [[]]}, "input"),
-        case("too-many-inputs", {"input": ["a"] * 300}, "input"),
-        case("too-long", {"input": huge}, "input"),
-        case("too-long-in-a-batch", {"input": ["ok", huge[:100_000]]}, "input"),
-        case("lone-surrogate", {"input": "\ud800"}, ANY_PARAM, (200, 400)),
-        case("nan-dimensions", {"input": "a", "dimensions": float("nan")}, "dimensions"),
-        case("zero-dimensions", {"input": "a", "dimensions": 0}, "dimensions"),
-        case("huge-dimensions", {"input": "a", "dimensions": 2**40}, "dimensions"),
-        case("format-hex", {"input": "a", "encoding_format": "hex"}, "encoding_format"),
-        case("format-bytes", {"input": "a", "encoding_format": "bytes"}, "encoding_format"),
-        case("format-null", {"input": "a", "encoding_format": None}, "encoding_format"),
-        case("embed-dtype", {"input": "a", "embed_dtype": "float16"}, "embed_dtype"),
-        case("unknown-field", {"input": "a", "normalize": True}, "normalize"),
-        case("messages", {"messages": [{"role": "user", "content": "a"}]}, ANY_PARAM),
-        case("truncate-over-context", {"input": "a", "truncate_prompt_tokens": 10**6}, "truncate_prompt_tokens"),
-    ]
-
-
 EMBED_MODEL = "fake-embed"
-EMBEDDING_CASES = _embedding_cases(EMBED_MODEL)
+EMBEDDING_CASES = embedding_cases(EMBED_MODEL)
 
 
 @pytest.fixture

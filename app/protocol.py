@@ -541,6 +541,12 @@ class ChatCompletionRequest(_Request):
         return self
 
     @property
+    def response_role(self) -> str:
+        """The answer's role, as vLLM's server sets it: the assistant's, or, with no generation prompt added, the
+        last message's (the answer continues that turn)."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    @property
     def echo_text(self) -> str | None:
         """With `echo`: the final message's content when it is the assistant's (vLLM's rule), else None."""
         last = self.messages[-1]

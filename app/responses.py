@@ -31,21 +31,26 @@ class ChatShape:
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
-    def __init__(self, forced_tool_choice: str | None = None, echo_text: str | None = None):
+    def __init__(self, forced_tool_choice: str | None = None, echo_text: str | None = None, role: str = "assistant",
+                 top_logprobs: int | None = None):
         self.forced_tool_choice = forced_tool_choice
         self.echo_text = echo_text if forced_tool_choice is None else None
+        self.role = role  # vLLM's: "assistant", or the last message's role when no generation prompt was added
+        self.top_logprobs = top_logprobs  # how many of each token's alternatives to show (None: all given)
         self._forced: dict[int, ForcedCalls] = {}  # choice index -> its calls so far (streaming)
         self._called: set[int] = set()  # choices with a tool call streamed
 
-    @staticmethod
-    def logprobs(lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
+    def logprobs(self, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
+        # The engine gives the chosen token first, then the top ones (vllm_engine._logprobs); chat shows the first
+        # `top_logprobs` of them, as vLLM's server does.
         return {
             "content": [
                 {
                     "token": lp.token,
                     "logprob": lp.logprob,
                     "bytes": _utf8(lp.token),
-                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _utf8(t)} for t, v in lp.top],
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _utf8(t)}
+                                     for t, v in lp.top[: self.top_logprobs]],
                 }
                 for lp in lps
             ]
@@ -59,7 +64,7 @@ class ChatShape:
         return reason
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        delta: dict[str, Any] = {"role": self.role} if first else {}
         if self.forced_tool_choice is not None:
             calls = self._forced.setdefault(c.index, ForcedCalls(self.forced_tool_choice)).feed(c.text)
         else:
@@ -78,7 +83,7 @@ class ChatShape:
         }
 
     def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": (self.echo_text or "") + acc.text}
+        message: dict[str, Any] = {"role": self.role, "content": (self.echo_text or "") + acc.text}
         if self.forced_tool_choice is not None:
             calls = ForcedCalls(self.forced_tool_choice).calls(acc.text)
             message["content"] = ""  # as vLLM answers a forced call

@@ -55,7 +55,9 @@ def _state(request: Request) -> IngressState:
 @router.post("/v1/chat/completions", responses=_STREAMED)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        return Responder(request_id, model_id, ChatShape(body.forced_tool_choice, body.echo_text), body.n,
+        shape = ChatShape(body.forced_tool_choice, body.echo_text, body.response_role,
+                          (body.top_logprobs or 0) if body.logprobs else None)
+        return Responder(request_id, model_id, shape, body.n,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
                          return_token_ids=bool(body.return_token_ids))
 

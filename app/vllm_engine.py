@@ -229,28 +229,21 @@ def _token_name(token_id: int, logprob: Any, as_id: bool) -> str:
     return f"token_id:{token_id}" if as_id else logprob.decoded_token or ""
 
 
-def _logprobs(
-    completion: Any, top_k: int, stop_in_text: bool = False, as_ids: bool = False
-) -> tuple[TokenLogprob, ...]:
-    pairs = list(zip(completion.token_ids, completion.logprobs or (), strict=False))  # no logprobs: no pairs
-    if (
-        pairs
-        and not stop_in_text
-        and completion.finish_reason == "stop"
-        and not isinstance(completion.stop_reason, str)
-    ):
-        # Ended by end-of-sequence or a stop token id: vLLM leaves that token out of the text (unless
-        # include_stop_str_in_output), so leave it out of the logprobs too; the tokens then spell the text.
-        pairs.pop()
+def _logprobs(completion: Any, top_k: int, as_ids: bool = False) -> tuple[TokenLogprob, ...]:
+    """Every generated token's logprob, the one that ended the choice (end-of-sequence, a stop token id) included,
+    as vLLM's server lists it (with an empty text when it is not in the answer). Alternatives in vLLM's own order
+    (the chosen token first, then the top ones by rank), at most `top_k` + 1 of them: completions show them all
+    (OpenAI's legacy shape: the chosen token and `logprobs` others), chat its first `top_logprobs`
+    (responses.ChatShape), as vLLM's server does."""
     out = []
-    for token_id, alternatives in pairs:
+    for token_id, alternatives in zip(completion.token_ids, completion.logprobs or (), strict=False):
         chosen = alternatives[token_id]
-        ranked = sorted(alternatives.items(), key=lambda item: item[1].rank)[:top_k]
+        listed = list(alternatives.items())[: top_k + 1]
         out.append(
             TokenLogprob(
                 token=_token_name(token_id, chosen, as_ids),
                 logprob=_finite(chosen.logprob),
-                top=tuple((_token_name(tid, lp, as_ids), _finite(lp.logprob)) for tid, lp in ranked),
+                top=tuple((_token_name(tid, lp, as_ids), _finite(lp.logprob)) for tid, lp in listed),
             )
         )
     return tuple(out)
@@ -265,10 +258,8 @@ def _kill_started_since(before: set[int]) -> None:
     psutil.wait_procs(started, timeout=10)
 
 
-def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = False, as_ids: bool = False
-                  ) -> ChoiceDelta:
-    """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape;
-    `stop_in_text`: the request's include_stop_str_in_output."""
+def _choice_delta(completion: Any, logprobs: int | None, as_ids: bool = False) -> ChoiceDelta:
+    """One choice of a vLLM `RequestOutput` (a delta: `RequestOutputKind.DELTA`) in the neutral shape."""
     reason = completion.finish_reason
     if reason not in _NORMAL_FINISH:
         raise EngineFailed(f"the engine ended choice {completion.index} with finish reason '{reason}'")
@@ -277,7 +268,7 @@ def _choice_delta(completion: Any, logprobs: int | None, stop_in_text: bool = Fa
         text=completion.text,
         num_tokens=len(completion.token_ids),
         finish_reason=_NORMAL_FINISH[reason],
-        logprobs=_logprobs(completion, logprobs, stop_in_text, as_ids) if logprobs is not None else None,
+        logprobs=_logprobs(completion, logprobs, as_ids) if logprobs is not None else None,
     )
 
 
@@ -370,14 +361,12 @@ class VLLMEngine:
             sampling = _sampling_params(params)
         except (VLLMValidationError, ValueError) as err:
             raise _refusal(err, params) from None
-        stop_in_text = params.include_stop_str_in_output
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
             async for out in self.llm.generate(prompt, sampling, request_id, priority=params.priority):
-                choices = tuple(_choice_delta(c, params.logprobs, stop_in_text, params.tokens_as_ids)
-                                for c in out.outputs)
+                choices = tuple(_choice_delta(c, params.logprobs, params.tokens_as_ids) for c in out.outputs)
                 if parsers:
                     choices = tuple(_with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))
                 if params.return_token_ids:

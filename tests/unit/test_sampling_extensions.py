@@ -308,10 +308,11 @@ def _done(token_ids, finish_reason, stop_reason):
                             stop_reason=stop_reason)
 
 
-def test_logprobs_keep_the_stop_token_when_it_is_in_the_text():
+def test_logprobs_list_the_token_that_ended_the_choice_as_vllm_s_server_does():
+    """vLLM's server lists every generated token's logprob, the end-of-sequence or stop token that ended the choice
+    included, though the text leaves it out (the differential run: 8 entries for 7 tokens of text)."""
     by_stop_token = _done([5, 6, 42], "stop", 42)
-    assert [lp.token for lp in _logprobs(by_stop_token, 0)] == ["<5>", "<6>"]  # as the text leaves it out
-    assert [lp.token for lp in _logprobs(by_stop_token, 0, stop_in_text=True)] == ["<5>", "<6>", "<42>"]
+    assert [lp.token for lp in _logprobs(by_stop_token, 0)] == ["<5>", "<6>", "<42>"]
 
 
 def test_null_sampling_values_are_the_defaults_as_in_vllm():

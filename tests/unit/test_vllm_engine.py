@@ -85,12 +85,18 @@ WORLD = (20, 2, [(21, -0.4, " there"), (20, -1.2, " world"), (22, -math.inf, " m
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["list-of-dicts", "flat"])
-def test_logprobs_chosen_token_and_top_k_by_rank(flat):
-    out = _logprobs(_output([HELLO, WORLD], flat=flat), top_k=2)
+def test_logprobs_chosen_token_first_then_the_top_k_by_rank_as_vllm_orders_them(flat):
+    """vLLM's own order, which its server shows: the sampled token first, then the top k by rank (the sampled one
+    once). With the top 2 asked for, as the engine gives them:"""
+    hello = (10, 1, HELLO[2][:2])
+    world = (20, 2, WORLD[2][:2])
+    out = _logprobs(_output([hello, world], flat=flat), top_k=2)
     assert [lp.token for lp in out] == ["Hel", " world"]  # the sampled token, even when it is not the top one
     assert [lp.logprob for lp in out] == [-0.1, -1.2]
     assert out[0].top == (("Hel", -0.1), ("He", -2.5))
-    assert out[1].top == ((" there", -0.4), (" world", -1.2))  # ranked, cut to top_k
+    assert out[1].top == ((" world", -1.2), (" there", -0.4))
+    sampled_outside_the_top_1 = _logprobs(_output([world], flat=flat), top_k=1)
+    assert sampled_outside_the_top_1[0].top == ((" world", -1.2), (" there", -0.4))  # k + 1: completions show both
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["list-of-dicts", "flat"])
@@ -100,12 +106,14 @@ def test_logprobs_never_carry_minus_infinity(flat):
     assert all(math.isfinite(v) for lp in out for _, v in (*lp.top, (lp.token, lp.logprob)))
 
 
-def test_logprobs_leave_out_the_end_of_sequence_token():
+def test_logprobs_list_the_end_of_sequence_token_as_vllm_s_server_does():
+    """The token that ended the choice has its entry (with the empty text vLLM decodes it to), as in `vllm serve`'s
+    answers (the differential run: 8 entries for 7 tokens of text); the tokens still spell the text."""
     eos = (EOS, 1, [(EOS, -0.01, "")])
     out = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=None), top_k=1)
-    assert [lp.token for lp in out] == ["Hel"]  # the tokens spell the text, which has no EOS in it
+    assert [lp.token for lp in out] == ["Hel", ""]
     by_stop_token = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), top_k=1)
-    assert [lp.token for lp in by_stop_token] == ["Hel"]
+    assert [lp.token for lp in by_stop_token] == ["Hel", ""]
 
 
 def test_logprobs_keep_the_last_token_when_a_stop_string_or_the_length_ended_it():
@@ -140,7 +148,7 @@ def test_choice_delta_abort_and_error_are_failures_not_stop(vllm_reason):
 
 
 def test_choice_delta_with_logprobs():
-    delta = _choice_delta(_output([HELLO], finish_reason="length"), logprobs=1)
+    delta = _choice_delta(_output([(10, 1, HELLO[2][:1])], finish_reason="length"), logprobs=1)
     assert delta.finish_reason == "length" and delta.num_tokens == 1
     assert [(lp.token, lp.logprob, lp.top) for lp in delta.logprobs] == [("Hel", -0.1, (("Hel", -0.1),))]
 

@@ -40,6 +40,7 @@ KNOWN_ENDPOINTS = frozenset(
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/responses",
+        "/v1/embeddings",
         "/v1/models",
         "/tokenize",
         "/detokenize",
@@ -52,7 +53,7 @@ KNOWN_ENDPOINTS = frozenset(
 # Refused before the body is read when every model is at capacity: generation, and tokenizing (which costs
 # the same tokenizer thread).
 CAPACITY_ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize"}
 )
 # Past the request's own time limit (the host's 504 or error event comes first), a request whose client stopped
 # reading is ended here, wherever it is blocked, and its engine request aborted.

@@ -71,6 +71,12 @@ async def test_float_answer_has_vllms_shape(ec):
                              "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
+async def test_metrics_and_the_access_log_name_the_route(ec):
+    assert (await embed(ec, input="Hello")).status_code == 200
+    metrics = (await ec.get("/metrics")).text
+    assert 'endpoint="/v1/embeddings"' in metrics and 'status="200"' in metrics
+
+
 async def test_a_list_is_answered_in_order_with_indexes_and_summed_usage(ec):
     texts = ["alpha", "beta", "alpha", "gamma!"]
     body = (await embed(ec, input=texts)).json()

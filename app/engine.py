@@ -188,6 +188,8 @@ class ChoiceDelta:
     # what the model wrote besides them.
     tool_calls: tuple[ToolCallDelta, ...] = ()
     token_ids: tuple[int, ...] | None = None  # with return_token_ids: this piece's token ids
+    # vLLM's: what ended a "stop" choice, the stop token id or the stop string (None: end-of-sequence, or running)
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,7 @@ class _ChoiceState:
     text: str = ""
     tokens: int = 0
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it
     logprobs: list[TokenLogprob] | None = None
     started: bool = False
     tool_calls: dict[int, ToolCall] = field(default_factory=dict)  # found by the engine's parser, by call index
@@ -256,6 +257,7 @@ class Responder:
         acc.text += c.text
         acc.tokens += c.num_tokens
         acc.finish_reason = c.finish_reason or acc.finish_reason
+        acc.stop_reason = c.stop_reason if c.stop_reason is not None else acc.stop_reason
         if c.logprobs is not None:
             acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
         for t in c.tool_calls:
@@ -296,6 +298,8 @@ class Responder:
             acc = self._absorb(c, delta)
             first = not acc.started
             choice = self.shape.chunk_choice(c, first=first)
+            if c.finish_reason is not None:  # vLLM's extension, on the chunk that ends the choice
+                choice["stop_reason"] = acc.stop_reason
             acc.started = True
             if self.return_token_ids:
                 choice = self._with_token_ids(choice, acc, list(c.token_ids or ()), first)
@@ -335,7 +339,8 @@ class Responder:
 
     def full(self) -> dict[str, Any]:
         out = self._envelope(self.shape.object_full)
-        out["choices"] = [self.shape.full_choice(c) for c in self._choices]
+        # vLLM's `stop_reason` on every choice: the stop token id or string that ended it, else null.
+        out["choices"] = [{**self.shape.full_choice(c), "stop_reason": c.stop_reason} for c in self._choices]
         if self.return_token_ids:
             out["choices"] = [self._with_token_ids(choice, c, c.token_ids, True)
                               for choice, c in zip(out["choices"], self._choices, strict=True)]

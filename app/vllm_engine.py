@@ -269,6 +269,7 @@ def _choice_delta(completion: Any, logprobs: int | None, as_ids: bool = False) -
         num_tokens=len(completion.token_ids),
         finish_reason=_NORMAL_FINISH[reason],
         logprobs=_logprobs(completion, logprobs, as_ids) if logprobs is not None else None,
+        stop_reason=completion.stop_reason if reason == "stop" else None,
     )
 
 

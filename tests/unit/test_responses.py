@@ -42,7 +42,8 @@ def test_chat_chunks_name_the_role_once_per_choice():
                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "logprobs": None,
                                   "finish_reason": None}]}
     last = r.chunk(delta(ChoiceDelta(index=0, text="lo", num_tokens=1, finish_reason="stop")))
-    assert last["choices"] == [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": "stop"}]
+    assert last["choices"] == [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": "stop",
+                                "stop_reason": None}]  # vLLM's extension, on the chunk that ends the choice
     assert "usage" not in first and "usage" not in last  # only asked for with include_usage
 
 
@@ -67,16 +68,16 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
     r = chat(n=2)
     r.admitted(Admitted(prompt_tokens=3))
     for d in (delta(ChoiceDelta(index=0, text="Par", num_tokens=1), ChoiceDelta(index=1, text="Lon", num_tokens=1)),
-              delta(ChoiceDelta(index=0, text="is", num_tokens=1, finish_reason="stop")),
+              delta(ChoiceDelta(index=0, text="is", num_tokens=1, finish_reason="stop", stop_reason="\n")),
               delta(ChoiceDelta(index=1, text="don", num_tokens=2, finish_reason="length"))):
         r.chunk(d)
     assert r.full() == {
         "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": "m",
         "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "logprobs": None,
-             "finish_reason": "stop"},
+             "finish_reason": "stop", "stop_reason": "\n"},  # the stop string that ended it (vLLM's extension)
             {"index": 1, "message": {"role": "assistant", "content": "London"}, "logprobs": None,
-             "finish_reason": "length"},
+             "finish_reason": "length", "stop_reason": None},
         ],
         "usage": usage_of(3, 5),
     }
@@ -126,9 +127,11 @@ def test_completion_chunks_and_body_shape():
     r.admitted(Admitted(prompt_tokens=2))
     chunk = r.chunk(delta(ChoiceDelta(index=0, text=" Paris", num_tokens=1, finish_reason="length")))
     assert chunk == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
-                     "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}]}
+                     "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
+                                  "stop_reason": None}]}
     assert r.full() == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
-                        "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length"}],
+                        "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
+                                     "stop_reason": None}],
                         "usage": usage_of(2, 1)}
 
 

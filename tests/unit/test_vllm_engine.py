@@ -253,3 +253,11 @@ async def test_per_request_failure_is_not_engine_death(engine, cause, errored, e
         await _run(engine, GenerationParams(max_tokens=2, stop=("\udfff",)))
     assert type(raised.value) is expected, raised.value
     assert llm.aborted == ([] if errored else ["r1"])  # a live engine forgets the request
+
+
+def test_choice_delta_carries_what_stopped_it_as_vllm_s_stop_reason():
+    eos = (EOS, 1, [(EOS, -0.01, "")])
+    assert _choice_delta(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), 1).stop_reason == EOS
+    assert _choice_delta(_output([HELLO], finish_reason="stop", stop_reason="\n"), 1).stop_reason == "\n"
+    assert _choice_delta(_output([HELLO], finish_reason="stop", stop_reason=None), 1).stop_reason is None
+    assert _choice_delta(_output([HELLO], finish_reason="length"), 1).stop_reason is None

@@ -9,6 +9,7 @@ accounted for by some rule; `explaining` names the rules it took.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,6 +80,32 @@ DIFFERENCES: list[Difference] = [
                "Endpoints)", lambda r, m: m.where == "body.data[].root"),
     Difference("max_tokens_limit", True, "`limits.max_tokens` (1024) bounds one request's work (docs/api.md, Limits)",
                lambda r, m: int(_body(r).get("max_tokens") or 0) > 1024 and m.path == "status"),
+    Difference("responses_incomplete", True,
+               "/v1/responses cut off at `max_output_tokens`: `status: \"incomplete\"` with "
+               "`incomplete_details.reason: \"max_output_tokens\"` and a `response.incomplete` event, as OpenAI's "
+               "API answers; vLLM says `completed`",
+               lambda r, m: r.path == "/v1/responses" and "incomplete" in json.dumps(m.service)),
+    Difference("token_id_text_offset", True,
+               "completions `text_offset` with `return_tokens_as_token_ids`: offsets into the choice's text; vLLM "
+               "counts the length of each `token_id:<id>` name instead",
+               lambda r, m: bool(_body(r).get("return_tokens_as_token_ids")) and "text_offset" in m.where),
+    Difference("grammar_without_allowed_tokens", True,
+               "a structured-output constraint that `allowed_token_ids` leaves no token for: the engine fails the "
+               "request (vLLM: \"grammar rejected tokens\"); vLLM's server answers 200 and then an error event, the "
+               "service a 503 before the first byte (docs/api.md, Errors: a stream never starts with a 200 only to "
+               "fail)", lambda r, m: bool(_body(r).get("allowed_token_ids")) and bool(
+                   _body(r).get("structured_outputs") or _body(r).get("response_format"))
+               and m.path == "status" and m.service == 503),
+    Difference("echo_stream_prompt_ids", False,
+               "a streamed completion with `echo`: vLLM's first chunk of each choice also carries the prompt's "
+               "`prompt_token_ids` (without `return_token_ids`); the service sends them only when asked",
+               lambda r, m: r.path == "/v1/completions" and bool(_body(r).get("echo"))
+               and "prompt_token_ids" in m.where),
+    Difference("echo_with_token_ids", False,
+               "completions `echo` with `return_token_ids`: vLLM's text leaves the prompt out (its ids are in "
+               "`prompt_token_ids`); the service's text starts with it, as `echo` says",
+               lambda r, m: bool(_body(r).get("echo")) and bool(_body(r).get("return_token_ids"))
+               and m.where.endswith(".text")),
     Difference("vllm_extra_fields", False,
                "vLLM sends its own fields on every answer, null when unused (`stop_reason`, `token_ids`, "
                "`prompt_logprobs`, `service_tier`, `kv_transfer_params`, a message's `refusal`/`annotations`/"
@@ -89,22 +116,10 @@ DIFFERENCES: list[Difference] = [
                "per-turn usage details and more, says `metadata: null`, `text: null`, `tool_choice: \"none\"` "
                "without tools, `logprobs: null` on text parts; the text, status and token counts are compared",
                _responses_fields),
-    Difference("eos_logprob", False,
-               "chat logprobs: vLLM lists the end-of-sequence token that ended the choice (an entry with empty "
-               "text); the service leaves it out (docs/api.md says vLLM does too: it does not)",
-               lambda r, m: m.where.endswith("logprobs.content.length")
-               and isinstance(m.vllm, int) and m.vllm == (m.service if isinstance(m.service, int) else -9) + 1),
-    Difference("completion_logprobs_zero", False,
-               "completions `logprobs: 0`: vLLM's `top_logprobs` holds the chosen token per position; the service's "
-               "is empty", lambda r, m: _body(r).get("logprobs") == 0 and "top_logprobs" in m.path),
     Difference("token_id_bytes", False,
                "`return_tokens_as_token_ids`: vLLM's `bytes` are the token's own UTF-8 bytes; the service's are "
                "those of the `token_id:<id>` string", lambda r, m: bool(_body(r).get("return_tokens_as_token_ids"))
                and (".bytes" in m.where or _key(m) == "bytes")),
-    Difference("generation_prompt_role", False,
-               "`add_generation_prompt: false`: vLLM's message `role` is the last message's role; the service "
-               "says `assistant`", lambda r, m: _body(r).get("add_generation_prompt") is False
-               and m.where.endswith("message.role")),
     Difference("top_logprobs_param", False,
                "`top_logprobs` over the model's max: vLLM's 400 names `logprobs`, the service's `top_logprobs`",
                lambda r, m: m.path == "error.param" and m.vllm == "logprobs" and m.service == "top_logprobs"),

@@ -59,8 +59,11 @@ def shape(events: list[dict]) -> dict[str, bool]:
 
 
 def error_of(answer: Answer) -> dict:
+    """A validation error's `param` from vLLM is pydantic's location (`body.seed`); the field is what it names."""
     error = answer.body.get("error") if isinstance(answer.body, dict) else None
     param = error.get("param") if isinstance(error, dict) else None
+    if isinstance(param, str):
+        param = param.removeprefix("body.")
     return {"status": answer.status, "param": param}
 
 

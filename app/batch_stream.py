@@ -68,12 +68,8 @@ class Batch:
                 elif isinstance(item, BaseException):
                     raise item
                 else:
-                    yield GenerationDelta(
-                        choices=tuple(replace(c, index=prompt * self._n + c.index) for c in item.choices),
-                        prompt_token_ids=item.prompt_token_ids,
-                        cached_tokens=item.cached_tokens,
-                        prompt_logprobs=item.prompt_logprobs,
-                    )
+                    yield replace(item, choices=tuple(replace(c, index=prompt * self._n + c.index)
+                                                      for c in item.choices))
         finally:
             await self.aclose()
 

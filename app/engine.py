@@ -201,6 +201,9 @@ class GenerationDelta:
     # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
     # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
     prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
+    # With prompt_logprobs, on the first delta: the first prompt token's text (it has no logprob; completions'
+    # `echo` with `logprobs` lists it first, as vLLM's server does).
+    prompt_first_token: str | None = None
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,9 @@ class FakeEngine:
                                       else None,
                                       cached_tokens=cached if first else None,
                                       prompt_logprobs=self._prompt_logprobs(prompt_token_ids, params) if first
-                                      else None)
+                                      else None,
+                                      prompt_first_token=self.decode(list(prompt_token_ids[:1]))
+                                      if first and params.prompt_logprobs is not None and prompt_token_ids else None)
         finally:
             self.running.discard(request_id)
             self._changed()

@@ -734,7 +734,16 @@ class CompletionRequest(_Request):
         return [x if isinstance(x, str) else None for x in self._batch] if self.echo else []
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
-        return self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+        params = self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+        if self.echo_logprobs and self.prompt_logprobs is None:
+            # vLLM's: `echo` with `logprobs` scores the echoed prompt too, with as many alternatives (streamed too).
+            params = replace(params, prompt_logprobs=self.logprobs)
+        return params
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """The echoed prompt's tokens head each choice's logprobs (vLLM's `echo` with `logprobs`)."""
+        return self.echo and self.logprobs is not None
 
 
 class TokenizeRequest(BaseModel):

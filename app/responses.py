@@ -112,14 +112,19 @@ def _tool_call_delta(t: ToolCallDelta) -> dict[str, Any]:
 
 class CompletionShape:
     """Completions' choices. With `echo`, each choice's text starts with its prompt's: `echo_texts` by prompt
-    (a batch's choice i * n + j is prompt i's), filled in for token-id prompts once the engine decoded them."""
+    (a batch's choice i * n + j is prompt i's), filled in for token-id prompts once the engine decoded them. With
+    `echo_logprobs` (`echo` and `logprobs`), the prompt's tokens head the logprobs too, the first without a
+    logprob, and `text_offset` counts from the start of the echoed prompt, as vLLM's server answers."""
 
     object_full = "text_completion"
     object_chunk = "text_completion"
 
-    def __init__(self, echo_text: str | None = None, n: int = 1, echo_texts: list[str | None] | None = None):
+    def __init__(self, echo_text: str | None = None, n: int = 1, echo_texts: list[str | None] | None = None,
+                 echo_logprobs: bool = False):
         self.n = n
         self.echo_texts: list[str | None] = list(echo_texts) if echo_texts is not None else [echo_text]
+        self.echo_logprobs = echo_logprobs
+        self.prompt_scores: dict[int, list[PromptScore]] = {}  # prompt index -> its tokens, with echo_logprobs
         self._offsets: dict[int, int] = {}  # choice index -> where its next streamed text starts
 
     @property
@@ -131,36 +136,42 @@ class CompletionShape:
         return (self.echo_texts[prompt] if prompt < len(self.echo_texts) else None) or ""
 
     @staticmethod
-    def logprobs(lps: Sequence[TokenLogprob], offset: int = 0) -> dict[str, Any]:
-        offsets, pos = [], offset
-        for lp in lps:
+    def logprobs(lps: Sequence[TokenLogprob], offset: int = 0, prompt: Sequence[PromptScore] = ()) -> dict[str, Any]:
+        """`prompt`: the echoed prompt's tokens, first; offsets then run from 0 over both (vLLM's)."""
+        offsets, pos = [], 0 if prompt else offset
+        for token in [p.token for p in prompt] + [lp.token for lp in lps]:
             offsets.append(pos)
-            pos += len(lp.token)
+            pos += len(token)
         return {
-            "tokens": [lp.token for lp in lps],
-            "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{t: v for t, v in lp.top} for lp in lps],
+            "tokens": [p.token for p in prompt] + [lp.token for lp in lps],
+            "token_logprobs": [p.logprob for p in prompt] + [lp.logprob for lp in lps],
+            "top_logprobs": [p.top for p in prompt] + [{t: v for t, v in lp.top} for lp in lps],
             "text_offset": offsets,
         }
+
+    def _scores(self, index: int) -> list[PromptScore]:
+        return self.prompt_scores.get(index // self.n, []) if self.echo_logprobs else []
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         echo = self._echo(c.index)
         text = echo + c.text if first else c.text
         start = self._offsets.get(c.index, len(echo))  # text_offset counts from the choice's whole text
         self._offsets[c.index] = start + len(c.text)
+        shown = self._scores(c.index) if first else []
         return {
             "index": c.index,
             "text": text,
-            "logprobs": self.logprobs(c.logprobs, start) if c.logprobs is not None else None,
+            "logprobs": self.logprobs(c.logprobs, start, shown) if c.logprobs is not None else None,
             "finish_reason": c.finish_reason,
         }
 
     def full_choice(self, acc: _ChoiceState) -> dict[str, Any]:
         echo = self._echo(acc.index)
+        shown = self._scores(acc.index)
         return {
             "index": acc.index,
             "text": echo + acc.text,
-            "logprobs": self.logprobs(acc.logprobs, len(echo)) if acc.logprobs is not None else None,
+            "logprobs": self.logprobs(acc.logprobs, len(echo), shown) if acc.logprobs is not None else None,
             "finish_reason": acc.finish_reason,
         }
 
@@ -189,6 +200,26 @@ class StreamWriter(Protocol):
     def error_events(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
 
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class PromptScore:
+    """One echoed prompt token as completions' logprobs list it: the first has no logprob and no alternatives."""
+
+    token: str
+    logprob: float | None
+    top: dict[str, float] | None
+
+
+def _prompt_scores(first: str | None, positions: tuple[tuple[PromptTokenLogprob, ...] | None, ...]
+                   ) -> list[PromptScore]:
+    scores = []
+    for alts in positions:
+        if alts is None:  # the first token
+            scores.append(PromptScore(first or "", None, None))
+        else:  # its own token first, then the others (vllm_engine._prompt_logprobs), all shown as vLLM shows them
+            scores.append(PromptScore(alts[0].text, alts[0].logprob, {a.text: a.logprob for a in alts}))
+    return scores
 
 
 def _prompt_logprobs_json(
@@ -252,6 +283,9 @@ class Responder:
             acc.prompt_token_ids = list(delta.prompt_token_ids)
         if delta is not None and delta.prompt_logprobs is not None and acc.prompt_logprobs is None:
             acc.prompt_logprobs = _prompt_logprobs_json(delta.prompt_logprobs)
+            if isinstance(self.shape, CompletionShape) and self.shape.echo_logprobs:  # one prompt's, its n choices'
+                self.shape.prompt_scores.setdefault(c.index // self.shape.n,
+                                                    _prompt_scores(delta.prompt_first_token, delta.prompt_logprobs))
         if c.token_ids is not None:
             acc.token_ids += c.token_ids
         acc.text += c.text

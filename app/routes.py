@@ -68,7 +68,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 async def completions(request: Request, body: CompletionRequest) -> Response:
     def writer(request_id: str, model_id: str) -> StreamWriter:
         # A batch's choices: prompt i's choice j is choice i * n + j (app/batch_stream.py).
-        shape = CompletionShape(n=body.n, echo_texts=body.echo_texts)
+        shape = CompletionShape(n=body.n, echo_texts=body.echo_texts, echo_logprobs=body.echo_logprobs)
         return Responder(request_id, model_id, shape, body.n * body.prompt_count,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
                          return_token_ids=bool(body.return_token_ids))

@@ -352,6 +352,10 @@ class VLLMEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
 
+    def _token_text(self, token_id: int, as_id: bool) -> str:
+        """One token as vLLM's server names a prompt token that has no logprob: `tokenizer.decode` of it alone."""
+        return f"token_id:{token_id}" if as_id else self._tokenizer.decode([token_id])
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
@@ -374,10 +378,12 @@ class VLLMEngine:
                     choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
                                                                                              strict=True))
                 cached = getattr(out, "num_cached_tokens", None) if first else None
-                prompt_logprobs = _prompt_logprobs(out, params.tokens_as_ids) if first and params.prompt_logprobs \
-                    is not None else None
+                scored = first and params.prompt_logprobs is not None
+                prompt_logprobs = _prompt_logprobs(out, params.tokens_as_ids) if scored else None
                 yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids, cached_tokens=cached,
-                                      prompt_logprobs=prompt_logprobs)
+                                      prompt_logprobs=prompt_logprobs,
+                                      prompt_first_token=self._token_text(prompt_token_ids[0], params.tokens_as_ids)
+                                      if scored and prompt_token_ids else None)
                 prompt_ids, first = None, False
         except VLLMValidationError as err:
             raise _refusal(err, params) from None

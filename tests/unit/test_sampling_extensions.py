@@ -27,6 +27,7 @@ from app.protocol import (
 )
 from app.responses import ChatShape, Responder
 from app.vllm_engine import _logprobs, _refusal, _sampling_params
+from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body, usage_of
 from tests.support.request_models import chat, completion
@@ -335,6 +336,32 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
     assert by_id.token == "token_id:7" and [t for t, _ in by_id.top] == ["token_id:7", "token_id:9"]
     assert chat(return_tokens_as_token_ids=True, logprobs=True).to_params(LIMITS).tokens_as_ids
     assert not chat(logprobs=True).to_params(LIMITS).tokens_as_ids
+
+
+async def test_echo_with_logprobs_scores_the_prompt_as_vllm_does(client):
+    """vLLM's `echo` with `logprobs`: each choice's logprobs start with its prompt's tokens (the first without a
+    logprob or alternatives), `text_offset` counts from the start of the echoed text, streamed too."""
+    body = {"model": MODEL_ID, "prompt": ["abc", "xy"], "max_tokens": 2, "n": 2, "temperature": 1, "echo": True,
+            "logprobs": 1}
+    answer = (await client.post("/v1/completions", json=body)).json()
+    for choice in answer["choices"]:
+        prompt = ["abc", "xy"][choice["index"] // 2]
+        lps = choice["logprobs"]
+        assert lps["tokens"][: len(prompt)] == list(prompt) and "".join(lps["tokens"]) == choice["text"]
+        assert lps["token_logprobs"][0] is None and lps["top_logprobs"][0] is None
+        assert all(v == -0.25 for v in lps["token_logprobs"][1: len(prompt)])
+        assert all(1 <= len(top) <= 2 and top[t] == -0.25
+                   for t, top in zip(lps["tokens"][1: len(prompt)], lps["top_logprobs"][1: len(prompt)], strict=True))
+        assert lps["text_offset"] == [sum(map(len, lps["tokens"][:i])) for i in range(len(lps["tokens"]))]
+        assert len(lps["tokens"]) == len(prompt) + 2  # then the two generated tokens
+    streamed_resp = await client.post("/v1/completions", json={**body, "prompt": "abc", "n": 1, "stream": True})
+    assert streamed_resp.status_code == 200, streamed_resp.text
+    chunks = sse.parse(streamed_resp.text)
+    streamed = [c["choices"][0]["logprobs"] for c in chunks[:-1] if c["choices"]]
+    assert streamed[0]["tokens"][:3] == ["a", "b", "c"] and streamed[0]["token_logprobs"][0] is None
+    assert sum(len(lp["tokens"]) for lp in streamed) == 3 + 2  # the prompt once, in the first chunk
+    without = (await client.post("/v1/completions", json={**body, "echo": False})).json()
+    assert len(without["choices"][0]["logprobs"]["tokens"]) == 2
 
 
 async def test_prompt_logprobs_as_vllm_shapes_them_and_refuses_them(client):

@@ -106,12 +106,14 @@ DIFFERENCES: list[Difference] = [
                "`prompt_token_ids`); the service's text starts with it, as `echo` says",
                lambda r, m: bool(_body(r).get("echo")) and bool(_body(r).get("return_token_ids"))
                and m.where.endswith(".text")),
-    Difference("vllm_extra_fields", False,
-               "vLLM sends its own fields on every answer, null when unused (`stop_reason`, `token_ids`, "
-               "`prompt_logprobs`, `service_tier`, `kv_transfer_params`, a message's `refusal`/`annotations`/"
-               "`audio`/`function_call`/`reasoning`, `prompt_tokens_details.created_cache_tokens`, ...); the "
-               "service leaves them out (and so `stop_reason` when a stop token ended the choice)", _vllm_extras),
-    Difference("responses_fields", False,
+    Difference("vllm_extra_fields", True,
+               "vLLM's always-null extension fields (`token_ids`, `prompt_token_ids` and `prompt_logprobs` unless "
+               "asked for, `routed_experts`, `service_tier`, `kv_transfer_params`, `ec_transfer_params`, `metrics`, "
+               "`prompt_text`, a message's `refusal`/`annotations`/`audio`/`function_call`/`reasoning`, "
+               "`usage.completion_tokens_details`) are left out, and `prompt_tokens_details.created_cache_tokens` "
+               "(vLLM's, with --enable-prompt-tokens-details) is not sent; `stop_reason`, which has a value, is",
+               _vllm_extras),
+    Difference("responses_fields", True,
                "/v1/responses echoes different settings: vLLM adds `background`, `service_tier`, `truncation`, "
                "per-turn usage details and more, says `metadata: null`, `text: null`, `tool_choice: \"none\"` "
                "without tools, `logprobs: null` on text parts; the text, status and token counts are compared",
@@ -120,8 +122,9 @@ DIFFERENCES: list[Difference] = [
                "`return_tokens_as_token_ids`: vLLM's `bytes` are the token's own UTF-8 bytes; the service's are "
                "those of the `token_id:<id>` string", lambda r, m: bool(_body(r).get("return_tokens_as_token_ids"))
                and (".bytes" in m.where or _key(m) == "bytes")),
-    Difference("top_logprobs_param", False,
-               "`top_logprobs` over the model's max: vLLM's 400 names `logprobs`, the service's `top_logprobs`",
+    Difference("top_logprobs_param", True,
+               "`top_logprobs` over the model's max: the service's 400 names `top_logprobs`, the parameter the client "
+               "sent; vLLM's names `logprobs`",
                lambda r, m: m.path == "error.param" and m.vllm == "logprobs" and m.service == "top_logprobs"),
     Difference("echo_prompt_logprobs", False,
                "chat `echo` on a continued assistant message: vLLM also returns the prompt's `prompt_logprobs`",

@@ -323,6 +323,18 @@ class EngineHost:
             retry_after_s=self._restart_retry_after_s() if self._restarting_since is not None else 5,
         )
 
+    def _engine_error(self, engine: Engine, request_id: str, err: EngineFailed | EngineDead) -> ServiceUnavailable:
+        """A retryable 503 for a request the engine ended unfinished (EngineFailed), or died under (EngineDead: the
+        engine is marked broken, which restarts or replaces it)."""
+        if isinstance(err, EngineFailed):
+            log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
+            return ServiceUnavailable(f"the engine ended this request without finishing it ({err}); retry",
+                                      retry_after_s=1)
+        self._engine_broken(engine, f"died ({err})")
+        return ServiceUnavailable(
+            f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
+        )
+
     async def _run(
         self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float
     ) -> AsyncGenerator[GenerationDelta, None]:
@@ -359,15 +371,9 @@ class EngineHost:
             raise InvalidRequest(str(err), param=self._rejected_param(params)) from None
         except EngineFailed as err:
             finished = True  # the engine has already ended it
-            log.warning("engine for %s ended request %s unfinished: %s", self.model.id, request_id, err)
-            raise ServiceUnavailable(
-                f"the engine ended this request without finishing it ({err}); retry", retry_after_s=1
-            ) from None
+            raise self._engine_error(engine, request_id, err) from None
         except EngineDead as err:
-            self._engine_broken(engine, f"died ({err})")
-            raise ServiceUnavailable(
-                f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
-            ) from None
+            raise self._engine_error(engine, request_id, err) from None
         finally:
             self._clocks.pop(request_id, None)
             watch.left(request_id)
@@ -485,17 +491,8 @@ class EngineHost:
             ) from None
         except EngineRejected as err:
             raise InvalidRequest(str(err), param="input") from None
-        except EngineFailed as err:
-            log.warning("engine for %s ended embedding request %s unfinished: %s", self.model.id,
-                        request.request_id, err)
-            raise ServiceUnavailable(
-                f"the engine ended this request without finishing it ({err}); retry", retry_after_s=1
-            ) from None
-        except EngineDead as err:
-            self._engine_broken(engine, f"died ({err})")
-            raise ServiceUnavailable(
-                f"the engine for '{self.model.id}' failed while serving this request; retry shortly", retry_after_s=5
-            ) from None
+        except (EngineFailed, EngineDead) as err:
+            raise self._engine_error(engine, request.request_id, err) from None
         finally:
             self._clocks.pop(request.request_id, None)
             for task in tasks:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -387,22 +387,27 @@ class VLLMEngine:
                 prompt_ids, first = None, False
         except VLLMValidationError as err:
             raise _refusal(err, params) from None
-        except EngineDeadError as err:
-            raise EngineDead(f"the engine failed: {err}") from None
-        except EngineGenerateError as err:
-            # vLLM's per-request failure ("possibly recoverable"; the request is already aborted). Only an
-            # engine that says it has errored is dead: one odd request must not get the replica replaced.
-            cause = err.__cause__
-            if self._llm is None or self._llm.errored:
-                raise EngineDead(f"the engine failed: {cause!r}") from None
-            # Failing to hand the request to the engine core, vLLM has already registered it and never aborts
-            # it: it would count as running forever. Abort it by our id (a no-op when vLLM did abort it).
-            await self.abort(request_id)
-            if isinstance(
-                cause, (ValueError, TypeError)
-            ):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
-                raise _rejected(f"the engine could not take this request: {cause}", params) from None
-            raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
+        except (EngineDeadError, EngineGenerateError) as err:
+            raise await self._request_failure(err, request_id, lambda message: _rejected(message, params)) from None
+
+    async def _request_failure(
+        self, err: EngineDeadError | EngineGenerateError, request_id: str, rejected: Callable[[str], Exception]
+    ) -> Exception:
+        """vLLM's failure of one request (generate or encode) as the seam's error; `rejected` makes the refusal of a
+        request the engine could not take."""
+        if isinstance(err, EngineDeadError):
+            return EngineDead(f"the engine failed: {err}")
+        # vLLM's per-request failure ("possibly recoverable"; the request is already aborted). Only an engine that
+        # says it has errored is dead: one odd request must not get the replica replaced.
+        cause = err.__cause__
+        if self._llm is None or self._llm.errored:
+            return EngineDead(f"the engine failed: {cause!r}")
+        # Failing to hand the request to the engine core, vLLM has already registered it and never aborts it: it
+        # would count as running forever. Abort it by our id (a no-op when vLLM did abort it).
+        await self.abort(request_id)
+        if isinstance(cause, (ValueError, TypeError)):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
+            return rejected(f"the engine could not take this request: {cause}")
+        return RuntimeError(f"the engine failed on this request: {cause!r}")
 
     def _auto_tool_calls(self, params: GenerationParams) -> list[AutoToolCalls]:
         """One parser per choice for tool_choice "auto" (the protocol refuses "auto" unless the config names a
@@ -433,16 +438,8 @@ class VLLMEngine:
                 result = out
         except VLLMValidationError as err:  # e.g. "Token id 99999 is out of vocabulary", as the request is added
             raise EngineRejected(str(err)) from None
-        except EngineDeadError as err:
-            raise EngineDead(f"the engine failed: {err}") from None
-        except EngineGenerateError as err:
-            cause = err.__cause__
-            if self._llm is None or self._llm.errored:
-                raise EngineDead(f"the engine failed: {cause!r}") from None
-            await self.abort(request_id)
-            if isinstance(cause, (ValueError, TypeError)):
-                raise EngineRejected(f"the engine could not take this request: {cause}") from None
-            raise RuntimeError(f"the engine failed on this request: {cause!r}") from None
+        except (EngineDeadError, EngineGenerateError) as err:
+            raise await self._request_failure(err, request_id, EngineRejected) from None
         failure = getattr(result, "error", None)
         if failure is not None:  # vLLM's server answers it with a 503 or a 500
             raise EngineFailed(f"the engine failed this embedding: {failure.message}")

@@ -279,8 +279,10 @@ class Responder:
 
     def _absorb(self, c: ChoiceDelta, delta: GenerationDelta | None = None) -> _ChoiceState:
         acc = self._choices[c.index]
-        if delta is not None and delta.prompt_token_ids is not None and acc.prompt_token_ids is None:
-            acc.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta is not None and delta.prompt_token_ids is not None:  # its prompt's, for each choice of that prompt
+            for same in self._prompt_group(c.index):  # (a later delta may bring a choice's first output)
+                if same.prompt_token_ids is None:
+                    same.prompt_token_ids = list(delta.prompt_token_ids)
         if delta is not None and delta.prompt_logprobs is not None and acc.prompt_logprobs is None:
             acc.prompt_logprobs = _prompt_logprobs_json(delta.prompt_logprobs)
             if isinstance(self.shape, CompletionShape) and self.shape.echo_logprobs:  # one prompt's, its n choices'
@@ -302,6 +304,14 @@ class Responder:
                 else ToolCall(known.id, known.name, known.arguments + t.arguments)
             )
         return acc
+
+    def _prompt_group(self, index: int) -> list[_ChoiceState]:
+        """The choices of choice `index`'s prompt: a completions batch's prompt i has choices i * n .. i * n + n - 1;
+        chat has one prompt."""
+        if not isinstance(self.shape, CompletionShape):
+            return self._choices
+        per_prompt = max(1, self.shape.n)
+        return self._choices[index // per_prompt * per_prompt:][:per_prompt]
 
     def usage(self) -> dict[str, Any]:
         completion = sum(c.tokens for c in self._choices)
@@ -384,11 +394,9 @@ class Responder:
             if isinstance(self.shape, ChatShape):
                 out["prompt_logprobs"] = self._choices[0].prompt_logprobs
             else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
-                per_prompt = max(1, self.shape.n)
                 for choice, c in zip(out["choices"], self._choices, strict=True):
-                    group = self._choices[c.index // per_prompt * per_prompt:][:per_prompt]
                     choice["prompt_logprobs"] = next(
-                        (g.prompt_logprobs for g in group if g.prompt_logprobs is not None), None)
+                        (g.prompt_logprobs for g in self._prompt_group(c.index) if g.prompt_logprobs is not None), None)
         out["usage"] = self.usage()
         return out
 

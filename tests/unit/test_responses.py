@@ -171,3 +171,16 @@ def test_completion_without_echo_offsets_start_at_zero():
     r = completion()
     r.chunk(delta(ChoiceDelta(index=0, text="ok", num_tokens=1, logprobs=(lp("ok", -0.5),))))
     assert r.full()["choices"][0]["logprobs"]["text_offset"] == [0]
+
+
+def test_each_completion_choice_gets_its_prompts_ids_though_it_starts_in_a_later_delta():
+    """vLLM sends the prompt's ids with each choice's first chunk (return_token_ids); the engine brings them with
+    the first delta only, which may hold only some of the prompt's choices."""
+    r = Responder(request_id="cmpl-1", model="m", shape=CompletionShape(n=2), n=2, created=CREATED,
+                  return_token_ids=True)
+    r.admitted(Admitted(prompt_tokens=3))
+    first = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="a", num_tokens=1, token_ids=(7,)),),
+                                    prompt_token_ids=(1, 2, 3)))
+    later = r.chunk(delta(ChoiceDelta(index=1, text="b", num_tokens=1, token_ids=(8,))))
+    assert first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert later["choices"][0]["index"] == 1 and later["choices"][0]["prompt_token_ids"] == [1, 2, 3]

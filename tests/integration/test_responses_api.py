@@ -90,9 +90,8 @@ def test_refusals(client, kwargs, param):
 
 
 async def test_an_openai_agents_sdk_turn_with_a_tool(service):
-    """The OpenAI Agents SDK (Responses API by default) runs one tool-using turn. Not a project dependency: the
-    test runs where `agents` imports (pip install openai-agents)."""
-    agents = pytest.importorskip("agents")
+    """The OpenAI Agents SDK (Responses API by default; the `dev` extra installs it) runs one tool-using turn."""
+    import agents
     from openai import AsyncOpenAI
 
     from tests.integration.conftest import API_KEY

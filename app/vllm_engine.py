@@ -231,10 +231,10 @@ def _token_name(token_id: int, logprob: Any, as_id: bool) -> str:
 
 def _logprobs(completion: Any, top_k: int, as_ids: bool = False) -> tuple[TokenLogprob, ...]:
     """Every generated token's logprob, the one that ended the choice (end-of-sequence, a stop token id) included,
-    as vLLM's server lists it (with an empty text when it is not in the answer). Alternatives in vLLM's own order
-    (the chosen token first, then the top ones by rank), at most `top_k` + 1 of them: completions show them all
-    (OpenAI's legacy shape: the chosen token and `logprobs` others), chat its first `top_logprobs`
-    (responses.ChatShape), as vLLM's server does."""
+    as vLLM's server lists it (with its own text, `<|im_end|>`, though the answer's text leaves it out).
+    Alternatives in vLLM's own order (the chosen token first, then the top ones by rank), at most `top_k` + 1 of
+    them: completions show them all (OpenAI's legacy shape: the chosen token and `logprobs` others), chat its first
+    `top_logprobs` (responses.ChatShape), as vLLM's server does."""
     out = []
     for token_id, alternatives in zip(completion.token_ids, completion.logprobs or (), strict=False):
         chosen = alternatives[token_id]

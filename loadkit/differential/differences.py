@@ -100,7 +100,7 @@ DIFFERENCES: list[Difference] = [
                "a streamed completion with `echo`: vLLM's first chunk of each choice also carries the prompt's "
                "`prompt_token_ids` (without `return_token_ids`); the service sends them only when asked",
                lambda r, m: r.path == "/v1/completions" and bool(_body(r).get("echo"))
-               and "prompt_token_ids" in m.where),
+               and m.where.startswith("stream.") and "prompt_token_ids" in m.where),
     Difference("echo_with_token_ids", False,
                "completions `echo` with `return_token_ids`: vLLM's text leaves the prompt out (its ids are in "
                "`prompt_token_ids`); the service's text starts with it, as `echo` says",

@@ -28,6 +28,7 @@ PROMPT = "The capital of France is"
 # The greedy answer to this is "apple" 40 times over: a generation that the penalties must change.
 REPEAT = [{"role": "user", "content": "Repeat the word 'apple' twenty times, separated by spaces."}]
 MAX_LOGPROBS = 5  # limits.max_logprobs, the default
+EOS = "<|im_end|>"  # SmolLM2's end of a chat turn, as vLLM decodes it in logprobs
 
 
 def bad_request(call, **kwargs) -> dict:
@@ -54,7 +55,8 @@ def test_chat_logprobs_are_typed_and_spell_the_content(client):
     assert isinstance(choice.logprobs, ChoiceLogprobs)
     entries = choice.logprobs.content
     assert entries and all(isinstance(e, ChatCompletionTokenLogprob) for e in entries)
-    assert "".join(e.token for e in entries) == choice.message.content
+    # The end-of-sequence token that ended it is listed last, as vLLM's server lists it; the rest spell the text.
+    assert entries[-1].token == EOS and "".join(e.token for e in entries[:-1]) == choice.message.content
     for e in entries:
         assert e.logprob <= 0
         assert e.bytes == list(e.token.encode("utf-8"))
@@ -82,10 +84,10 @@ def test_chat_logprobs_stream_with_each_chunk(client):
     for c in chunks:
         for choice in c.choices:
             assert isinstance(choice.logprobs, ChunkLogprobs)
-            assert "".join(e.token for e in choice.logprobs.content) == (choice.delta.content or "")
+            assert "".join(e.token for e in choice.logprobs.content if e.token != EOS) == (choice.delta.content or "")
             assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in choice.logprobs.content)
             streamed.extend(choice.logprobs.content)
-    assert "".join(e.token for e in streamed) == full.message.content
+    assert "".join(e.token for e in streamed[:-1]) == full.message.content and streamed[-1].token == EOS
     assert [e.token for e in streamed] == [e.token for e in full.logprobs.content]
     assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in full.logprobs.content], abs=1e-3)
 
@@ -121,13 +123,15 @@ def test_completion_logprobs_cover_every_token(client):
 
 
 def test_completion_logprob_offsets_index_the_returned_text(client):
-    """text_offset points into the text the client gets: past the echoed prompt, and across stream chunks."""
+    """text_offset points into the text the client gets: with `echo` the prompt's tokens come first (vLLM's: the
+    first without a logprob) and the offsets count from the echoed prompt's start; across stream chunks too."""
     echoed = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=4, logprobs=1,
                                        echo=True).choices[0]
-    assert echoed.text.startswith(PROMPT)
+    assert echoed.text.startswith(PROMPT) and echoed.finish_reason == "length"
     for token, offset in zip(echoed.logprobs.tokens, echoed.logprobs.text_offset, strict=True):
         assert echoed.text[offset:offset + len(token)] == token
-    assert echoed.logprobs.text_offset[0] == len(PROMPT)
+    assert echoed.logprobs.text_offset[0] == 0 and echoed.logprobs.token_logprobs[0] is None
+    assert "".join(echoed.logprobs.tokens) == echoed.text
 
     text, tokens, offsets = "", [], []
     stream = client.completions.create(model=MODEL, prompt=PROMPT, temperature=0, max_tokens=6, logprobs=1, stream=True)

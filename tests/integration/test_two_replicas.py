@@ -82,8 +82,7 @@ def test_a_stopped_engine_costs_no_request_and_its_streams_continue_on_the_other
         except TimeoutError as e:
             raise AssertionError(f"{e}; its processes: {_tree(svc)}; the service's story:\n{_story(svc)}") from None
         if len(os.sched_getaffinity(0)) >= 2:
-            bound = [set(os.sched_getaffinity(p.pid)) for p in psutil.Process(svc.proc.pid).children(recursive=True)
-                     if "VLLM::Worker" in p.name()]
+            bound = [set(os.sched_getaffinity(w.pid)) for core in cores for w in core.children()]  # each's worker
             assert len(bound) == 2 and not bound[0] & bound[1], bound
         with openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300) as c:
             reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True}, **LONG)

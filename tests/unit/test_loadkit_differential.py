@@ -71,6 +71,17 @@ def test_errors_compare_status_and_the_param_vllm_names_not_the_message():
     assert [m.path for m in judge(CHAT, vllm, Answer(200, body={})).mismatches] == ["status"]
 
 
+def test_prefix_cache_hits_compare_only_between_servers_with_the_same_history():
+    def cached(n: int) -> Answer:
+        body = _chat_body("chatcmpl-a", 1, "Paris")
+        body["usage"]["prompt_tokens_details"] = {"cached_tokens": n}
+        return Answer(200, body=body)
+
+    assert [m.path for m in judge(CHAT, cached(0), cached(16)).mismatches] == [
+        "body.usage.prompt_tokens_details.cached_tokens"]
+    assert judge(CHAT, cached(0), cached(16), same_history=False).outcome == "equal"
+
+
 def _sse(*events: dict) -> str:
     return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
 

@@ -107,7 +107,7 @@ def test_logprobs_never_carry_minus_infinity(flat):
 
 
 def test_logprobs_list_the_end_of_sequence_token_as_vllm_s_server_does():
-    """The token that ended the choice has its entry (with the empty text vLLM decodes it to), as in `vllm serve`'s
+    """The token that ended the choice has its entry (with the text vLLM decodes it to), as in `vllm serve`'s
     answers (the differential run: 8 entries for 7 tokens of text); the tokens still spell the text."""
     eos = (EOS, 1, [(EOS, -0.01, "")])
     out = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=None), top_k=1)

@@ -193,6 +193,12 @@ class FakeEngine:
                 param="min_tokens",
             )
 
+    async def _step(self) -> None:
+        """One engine step's time (`token_delay_s`, or a yield to the loop), then dead if it was killed meanwhile."""
+        await asyncio.sleep(self.token_delay_s or 0)
+        if self.dead:
+            raise EngineDead("fake engine died mid-request")
+
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
@@ -220,12 +226,7 @@ class FakeEngine:
             done = [False for _ in plans]
             step = 0
             while not all(done):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
-                else:
-                    await asyncio.sleep(0)
-                if self.dead:
-                    raise EngineDead("fake engine died mid-request")
+                await self._step()
                 choices = []
                 for i, words in enumerate(plans):
                     if done[i]:
@@ -290,12 +291,7 @@ class FakeEngine:
         self._prompted += len(prompt_token_ids)
         self._changed()
         try:
-            if self.token_delay_s:
-                await asyncio.sleep(self.token_delay_s)
-            else:
-                await asyncio.sleep(0)
-            if self.dead:
-                raise EngineDead("fake engine died mid-request")
+            await self._step()
             values = [sum(math.sin((t + 1) * (k + 1) * 0.37 + p * 0.11) for p, t in enumerate(prompt_token_ids))
                       for k in range(EMBEDDING_SIZE)]
             values = values[:dimensions] if dimensions else values  # Matryoshka: the first values, renormalized

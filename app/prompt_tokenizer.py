@@ -69,16 +69,7 @@ class PromptTokenizer:
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         """Renders and tokenizes on the tokenizer thread, refusing when its queue is full."""
-        if self.waiting >= self.max_waiting:
-            raise self._refusal(
-                f"The tokenizer has {self.waiting} prompts waiting; retry after the Retry-After delay",
-                retry_after_s=1,
-            )
-        self.waiting += 1
-        try:
-            return await self.in_thread(self._render, prompt)
-        finally:
-            self.waiting -= 1
+        return (await self.tokenize_all((prompt,)))[0]
 
     async def tokenize_all(self, prompts: tuple[PromptInput, ...]) -> list[list[int]]:
         """Several prompts of one request (an embeddings batch) in one turn of the tokenizer thread: one place in

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import yaml
 
+from loadkit.proctree import engine_core_of
 from loadkit.service import child_env
 from loadkit.waiting import wait_until
 
@@ -90,11 +91,11 @@ class LocalCluster:
         found = {}
         for replica in self.replicas(deployment):
             try:
-                for p in psutil.Process(replica.pid).children(recursive=True):
-                    if p.status() != psutil.STATUS_ZOMBIE and "EngineCore" in p.name() + " ".join(p.cmdline()):
-                        found[replica.replica_id] = p
+                core = engine_core_of(psutil.Process(replica.pid))
             except psutil.NoSuchProcess:
                 continue
+            if core is not None:
+                found[replica.replica_id] = core
         return found
 
     def lose_node(self, name: str) -> str:

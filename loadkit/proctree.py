@@ -31,9 +31,37 @@ def role_of(p: psutil.Process, root_pid: int | None) -> str:
     for marker, role in _ROLES:
         if marker in text:
             return role
+    if "multiprocessing.spawn" in text and _spawned_by_replica(p):
+        return "vLLM EngineCore"  # not yet (or never) retitled: engine_core_of says why
     if "ServeReplica" in text:
         return "ingress replica" if "ingress" in text else "engine replica"
     return "other Ray helpers"
+
+
+def _spawned_by_replica(p: psutil.Process) -> bool:
+    try:
+        parent = p.parent()
+        return parent is not None and "ServeReplica" in parent.name() + " ".join(parent.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def engine_core_of(replica: psutil.Process) -> psutil.Process | None:
+    """The live EngineCore process an engine replica runs, or None (none yet, or it died).
+
+    vLLM titles it `VLLM::EngineCore`; CI runs (2026-12-02 04:26 and 05:41) found one of two serving engines still
+    titled as the multiprocessing child its replica spawned, so that child counts too (the replica's other
+    multiprocessing child, the resource tracker, is not spawned through `multiprocessing.spawn`)."""
+    try:
+        for p in replica.children(recursive=True):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            text = p.name() + " " + " ".join(p.cmdline())
+            if "EngineCore" in text or (p.ppid() == replica.pid and "multiprocessing.spawn" in text):
+                return p
+    except psutil.NoSuchProcess:
+        pass
+    return None
 
 
 @dataclass(frozen=True)

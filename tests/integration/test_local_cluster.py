@@ -152,8 +152,12 @@ def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_ke
 def test_the_kuberay_manifest_runs_two_replicas_on_two_nodes(two_replicas: Deployment):
     replicas = two_replicas.cluster.replicas(DEPLOYMENT)
     assert sorted(r.node for r in replicas) == ["worker-1", "worker-2"], replicas  # one per node, none on the head
-    cores = two_replicas.cluster.engine_cores(DEPLOYMENT)
-    assert len(cores) == 2, cores
+    # Waited for: a replica runs (Serve's RUNNING) a moment before its engine's process is found under it.
+    def both_cores() -> dict[str, psutil.Process] | None:
+        found = two_replicas.cluster.engine_cores(DEPLOYMENT)
+        return found if len(found) == 2 else None
+
+    cores = wait_until(both_cores, timeout_s=120, interval_s=1, what="an EngineCore under each of the two replicas")
     # Each engine computes on its own node's core, as in a pod of its own: no two engines share one.
     affinities = [frozenset(p.cpu_affinity()) for p in cores.values()]
     assert len(set(affinities)) == 2 and all(len(a) == 1 for a in affinities), affinities

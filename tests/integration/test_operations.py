@@ -11,6 +11,7 @@ import httpx
 import psutil
 import pytest
 
+from loadkit.proctree import engine_core_of
 from tests.integration.conftest import MODEL
 from tests.support.waiting import wait_until
 
@@ -100,7 +101,8 @@ def test_the_replica_and_engine_core_keep_off_the_compute_cores(service):
         return mark in p.name() + " ".join(p.cmdline())  # process titles can outgrow the 15-character name
 
     replica = next(p for p in tree if titled(p, "ServeReplica"))
-    engine_core = next(p for p in replica.children(recursive=True) if titled(p, "EngineCore"))
+    engine_core = engine_core_of(replica)
+    assert engine_core is not None
     everything = set(psutil.Process().cpu_affinity())
     assert compute < everything
     for process in (replica, engine_core):

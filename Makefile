@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput overload hostile chaos fuzz differential clean cluster-up cluster-down
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos fuzz differential clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -71,6 +71,10 @@ bench: setup-bench
 # Goodput under overload, open loop: this project, bare vLLM and Ray Serve LLM at 1x-8x their capacity (docs/goodput.md).
 goodput: setup-bench
 	$(PY) scripts/goodput.py
+
+# Issue 15's opening scenario against a running `make serve`: 240 chats at once, each sent once (docs/overload.md).
+burst: setup
+	$(PY) scripts/burst.py
 
 # Each fault of issue 13 under steady load on a local cluster of its own (docs/chaos.md).
 chaos: setup

@@ -32,6 +32,7 @@ class Attempt:
     status: int | None
     seconds: float
     error: str = ""
+    retry_after: str | None = None  # the response's Retry-After header, as sent
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Record:
     end: float = 0.0
     outcome: str = ""
     status: int | None = None
+    code: str | None = None  # an error answer's OpenAI `code` (over_time_target, queue_full, queue_timeout, ...)
     ttft: float | None = None  # streaming: seconds from `start` to the first content
     output_tokens: int = 0
     attempts: list[Attempt] = field(default_factory=list)
@@ -67,7 +69,8 @@ class AttemptLog(httpx2.AsyncBaseTransport):
         except BaseException as err:  # a timeout, a refused connection, the harness's cut-off
             self.attempts.setdefault(key, []).append(Attempt(None, time.monotonic() - t0, type(err).__name__))
             raise
-        self.attempts.setdefault(key, []).append(Attempt(response.status_code, time.monotonic() - t0))
+        self.attempts.setdefault(key, []).append(Attempt(response.status_code, time.monotonic() - t0,
+                                                         retry_after=response.headers.get("retry-after")))
         return response
 
     def take(self, key: str) -> list[Attempt]:
@@ -78,13 +81,14 @@ class AttemptLog(httpx2.AsyncBaseTransport):
 
 
 def make_client(base_url: str, timeout_s: float, api_key: str | None = None,
-                inner: httpx2.AsyncBaseTransport | None = None) -> tuple[openai.AsyncOpenAI, AttemptLog]:
-    """The SDK client every request of a system shares (its default max_retries, 2, stated), on a pool large
+                inner: httpx2.AsyncBaseTransport | None = None,
+                max_retries: int = openai.DEFAULT_MAX_RETRIES) -> tuple[openai.AsyncOpenAI, AttemptLog]:
+    """The SDK client every request of a system shares (its default max_retries, 2, unless told), on a pool large
     enough that the load generator is never the queue (`inner`: another transport, for tests)."""
     log = AttemptLog(inner or httpx2.AsyncHTTPTransport(limits=httpx2.Limits(max_connections=4096,
                                                                               max_keepalive_connections=256)))
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key or "none", timeout=timeout_s,
-                                max_retries=openai.DEFAULT_MAX_RETRIES,
+                                max_retries=max_retries,
                                 http_client=openai.DefaultAsyncHttpx2Client(transport=log))
     return client, log
 
@@ -141,7 +145,7 @@ async def send(client: openai.AsyncOpenAI, log: AttemptLog, model: str, prompts:
     except openai.APITimeoutError:
         rec.outcome, rec.detail = "timed_out", "client timeout"
     except openai.APIStatusError as err:
-        rec.status, rec.detail = err.status_code, str(err)[:200]
+        rec.status, rec.detail, rec.code = err.status_code, str(err)[:200], error_code(err.body)
         rec.outcome = status_outcome(err.status_code, err.body)
     except httpx2.TimeoutException as err:  # inside a stream, after its 200
         rec.outcome, rec.detail = "timed_out", f"client timeout in the stream ({type(err).__name__})"

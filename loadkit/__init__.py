@@ -10,6 +10,8 @@ Shared parts, one noun each:
   sse         a streaming chat completion over httpx, as server-sent events
   markdown    a generated section of a Markdown file, keeping what people wrote around it
   probe       the refusal probe: a light client in its own process
-The drivers: `loadkit.bench` (peers side by side), `loadkit.overload` (queueing and refusals) and
-`loadkit.goodput` (goodput under open-loop overload, peers side by side).
+The drivers: `loadkit.bench` (peers side by side), `loadkit.overload` (queueing and refusals),
+`loadkit.goodput` (goodput under open-loop overload, peers side by side), `loadkit.burst` (issue 15's opening
+burst against a running service) and `loadkit.prefill_share` (a long prompt beside running streams, per
+`max_num_batched_tokens`); `loadkit.hostile`, `loadkit.chaos` and `loadkit.differential` have their own docs.
 """

@@ -72,3 +72,4 @@ def test_run_burst_says_clearly_when_no_service_listens():
     except httpx.HTTPError:
         return
     raise AssertionError("no error without a service")
+

@@ -30,6 +30,9 @@ from app.errors import OverTimeTarget, QueueFull, QueueTimeout, ServiceUnavailab
 from app.pace import EnginePace, Prediction, Work
 
 _RESERVED, _WAITING, _RUNNING, _RELEASED = "reserved", "waiting", "running", "released"
+# How often the queue is checked again against the pace (on a first token, while requests wait): each check
+# simulates the whole queue once (~1 ms for 64 queued behind 32 running).
+SWEEP_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Targets:
 class Ticket:
     __slots__ = (
         "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
-        "backlog", "batch", "predicted_first_s", "asked_at", "_future",
+        "backlog", "batch", "predicted_first_s", "asked_at", "targets", "queued_at", "_future",
     )
 
     def __init__(self, admission: Admission):
@@ -68,6 +71,8 @@ class Ticket:
         self.backlog = self.batch = 0  # prefill backlog (own prompt included) and batch at its start
         self.predicted_first_s = 0.0  # the model's prediction at admission (0: none), and when it was made
         self.asked_at = 0.0
+        self.targets = Targets()
+        self.queued_at = 0.0  # when it joined the queue (its targets count from just before)
         self._future: asyncio.Future[None] | None = None
 
     async def admit(
@@ -131,6 +136,7 @@ class Admission:
         self._refused_full = 0
         self._refused_timeout = 0
         self._mean_run_s = 1.0  # moving average of time in the engine, for Retry-After
+        self._swept_at = 0.0
         self._closed_reason: str | None = None
 
     def retry_after_s(self) -> float:
@@ -220,13 +226,49 @@ class Admission:
         now = time.monotonic()
         if self.pace is not None and ticket.state == _RUNNING:
             if not ticket.last_output:
+                was_ready = self.pace.ready
                 self.pace.first_token(ticket.backlog, ticket.batch, now - ticket.started)
                 if ticket.predicted_first_s:
                     self.pace.observed(ticket.predicted_first_s, now - ticket.asked_at)
+                if self._waiting and (not was_ready or now - self._swept_at >= SWEEP_EVERY_S):
+                    self._sweep(now)
             else:
                 self.pace.decoded(self._running, steps, now - ticket.last_output)
         ticket.steps += steps
         ticket.last_output = now
+
+    def _sweep(self, now: float) -> None:
+        """Refuses, with `OverTimeTarget`, each queued request now predicted to miss its targets or to wait out the
+        queue timeout: those queued before the pace was measured (a fresh replica's first burst is admitted by
+        count alone: `make serve`'s first 240 requests at once had 4 wait 30 s for a 503 and first tokens p99
+        27.6 s), or before the engine slowed down. Its wait so far counts against its targets."""
+        self._swept_at = now
+        assert self.pace is not None
+        queue = list(self._waiting)
+        predictions = self.pace.predict_queue((t.work(now) for t in self._running_tickets),
+                                              [t.work(now) for t in queue], self.max_running)
+        for ticket, prediction in zip(queue, predictions, strict=False):
+            waited = now - ticket.queued_at
+            for what, predicted, target in (
+                ("first token", prediction.first_token_s, ticket.targets.first_token_s),
+                ("end", prediction.finish_s, ticket.targets.finish_s),
+                ("start", prediction.start_s, self.queue_timeout_s),
+            ):
+                if target is None or predicted <= target - waited:
+                    continue
+                self._waiting.remove(ticket)
+                ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
+                self._refused_time += 1
+                limit = "queue timeout" if what == "start" else "target"
+                if ticket._future is not None and not ticket._future.done():
+                    ticket._future.set_exception(OverTimeTarget(
+                        f"Server is busy: after {waited:.1f} s in the queue, this request's {what} is predicted in "
+                        f"{predicted:.1f} s more, later than its {target:g} s {limit}; retry after the Retry-After "
+                        "delay (or ask for fewer tokens)",
+                        retry_after_s=max(1, math.ceil(predicted + waited - target)),
+                    ))
+                break
+        self._pump()
 
     async def _admit(
         self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int, max_steps: int
@@ -238,6 +280,7 @@ class Admission:
             self._start(ticket)
             return
         ticket.state = _WAITING
+        ticket.targets, ticket.queued_at = targets, time.monotonic()
         ticket._future = asyncio.get_running_loop().create_future()
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))

@@ -184,10 +184,16 @@ class EnginePace:
     ) -> Prediction | None:
         """When `newcomer`, queued behind `waiting`, would start, see its first token and finish; None
         until the pace has been measured."""
-        if not self.ready:
-            return None
-        running, waiting = list(running), list(waiting)
-        batch = max(1, min(max_running, len(running) + len(waiting) + 1))
+        predictions = self.predict_queue(running, [*waiting, newcomer], max_running)
+        return predictions[-1] if predictions else None
+
+    def predict_queue(self, running: Iterable[Work], queue: Sequence[Work], max_running: int) -> list[Prediction]:
+        """When each of `queue` (in order) would start, see its first token and finish: one simulation for all
+        of them; [] until the pace has been measured."""
+        if not self.ready or not queue:
+            return []
+        running = list(running)
+        batch = max(1, min(max_running, len(running) + len(queue)))
         per_token = self._per_token_s(batch)
         # Slots: when each frees (running requests at their expected end; free slots now).
         slots: list[float] = []
@@ -202,19 +208,21 @@ class EnginePace:
             slots.append(first + left * per_token)
         slots += [0.0] * max(0, max_running - len(slots))
         heapq.heapify(slots)
-        for work in [*waiting, newcomer]:
+        # The lateness is measured on first tokens and corrects them (and the start before them); the decode after
+        # is the decode fit's own, measured directly. Scaling the decode too (as before) predicted 158 s for a
+        # 48-token answer that took ~60 s in the chaos driver's rolling update, and refused 1,070 of 1,126.
+        late = self.lateness()
+        out = []
+        for work in queue:
             start = heapq.heappop(slots)
             ahead = sum(tokens for first, tokens in backlog if first > start)
             first = start + self._first_token_s(ahead + work.prompt_tokens, batch)
             backlog.append((first, work.prompt_tokens))
             finish = first + self._output_share * work.max_tokens * per_token
             heapq.heappush(slots, finish)
-        # The lateness is measured on first tokens and corrects them (and the start before them); the decode after
-        # is the decode fit's own, measured directly. Scaling the decode too (as before) predicted 158 s for a
-        # 48-token answer that took ~60 s in the chaos driver's rolling update, and refused 1,070 of 1,126.
-        late = self.lateness()
-        return Prediction(start_s=start * late, first_token_s=first * late, finish_s=first * late + finish - first,
-                          model_first_token_s=first)
+            out.append(Prediction(start_s=start * late, first_token_s=first * late,
+                                  finish_s=first * late + finish - first, model_first_token_s=first))
+        return out
 
     def stats(self, batch: int) -> PaceStats:
         coef = self._ttft.coef()

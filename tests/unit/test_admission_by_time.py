@@ -121,6 +121,7 @@ async def test_a_tight_target_by_header_is_refused_at_once_and_says_when_to_retr
     assert r.status_code == 429, r.text
     assert r.json()["error"]["code"] == "over_time_target"
     assert int(r.headers["retry-after"]) >= 1
+    assert r.headers["x-should-retry"] == "false"  # the openai SDKs then leave the retry to the client's code
     assert stack.engine.running == {next(iter(stack.engine.running))}  # only the occupant ran
     assert (await occupant).status_code == 200
 
@@ -226,3 +227,33 @@ async def test_an_idle_engine_admits_whatever_its_model_predicts_so_the_model_ca
         await second.admit(20, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=10)
     second.release()
     first.release()
+
+
+async def test_requests_queued_before_the_pace_was_measured_are_refused_once_it_is_if_they_would_be_late():
+    """A fresh replica's first burst is admitted by count alone (nothing measured yet). The first token that makes
+    the pace measured checks the queue again: a queued request now predicted past its target is refused then,
+    with Retry-After the predicted excess, instead of waiting out the queue timeout; one that can still make its
+    target keeps its place."""
+    pace = EnginePace()
+    for backlog in (10, 50, 100):  # three first tokens measured: one short of a prediction
+        pace.first_token(backlog, 1, 0.01 + backlog * 0.001)
+        pace.decoded(1, 1, 0.1)
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
+    running = admission.reserve()
+    await running.admit(110, 30, Targets(first_token_s=2.0), prompt_tokens=10, max_steps=100)
+    hurried, patient = admission.reserve(), admission.reserve()
+    late = asyncio.create_task(hurried.admit(20, 30, Targets(first_token_s=2.0), prompt_tokens=10, max_steps=10))
+    fine = asyncio.create_task(patient.admit(20, 30, Targets(first_token_s=60.0), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 2 and admission.stats().refused_over_time_target == 0  # by count alone
+    running.produced(1)  # the fourth first token: the pace is measured; 99 steps of 0.1 s are left ahead of both
+    with pytest.raises(OverTimeTarget) as refused:
+        await asyncio.wait_for(late, 5)
+    assert "in the queue" in refused.value.message and 7 <= refused.value.retry_after_s <= 10
+    hurried.release()
+    assert admission.stats().waiting == 1 and admission.stats().in_system == 2
+    running.release()
+    await asyncio.wait_for(fine, 5)
+    assert admission.stats().running == 1
+    patient.release()
+    assert admission.stats().in_system == 0

@@ -10,6 +10,7 @@ from app import errors
 from app.errors import (
     ContextLengthExceeded,
     InvalidRequest,
+    OverTimeTarget,
     QueueFull,
     QueueFullUnavailable,
     QueueTimeout,
@@ -58,6 +59,12 @@ def test_queue_full_unavailable_is_still_a_queue_full():
                          [(0.01, "1"), (0.4, "1"), (1.0, "1"), (2.6, "3"), (30, "30"), (59.7, "60")])
 def test_retry_after_header(retry_after, header):
     assert QueueFull("full", retry_after_s=retry_after).headers() == {"Retry-After": header}
+
+
+def test_only_a_refusal_by_time_tells_the_sdk_not_to_retry():
+    """The SDK's own retry cannot meet a first-token target already predicted missed; a full queue is transient."""
+    assert OverTimeTarget("late", retry_after_s=7).headers() == {"Retry-After": "7", "x-should-retry": "false"}
+    assert "x-should-retry" not in QueueFull("full", retry_after_s=7).headers()
 
 
 def test_no_retry_after_no_headers():

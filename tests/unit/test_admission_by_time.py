@@ -257,3 +257,35 @@ async def test_requests_queued_before_the_pace_was_measured_are_refused_once_it_
     assert admission.stats().running == 1
     patient.release()
     assert admission.stats().in_system == 0
+
+
+async def test_a_queued_request_is_checked_again_only_against_the_queue_timeout(monkeypatch):
+    """Once admitted to the queue by a measured pace, a request is not judged against its target again (a burst's
+    own first tokens slow the decode samples for a moment), but it is refused as soon as it is predicted to wait
+    out the queue timeout, not when the timeout ends."""
+    monkeypatch.setattr("app.admission.SWEEP_EVERY_S", 0.0)
+    pace = _paced(step_s=0.1)
+    admission = Admission(max_running=3, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
+    a, c, d = admission.reserve(), admission.reserve(), admission.reserve()
+    for ticket in (a, c, d):
+        await ticket.admit(110, 60, prompt_tokens=10, max_steps=100)
+    a.produced(1)
+    b = admission.reserve()
+    queued = asyncio.create_task(b.admit(20, 60, Targets(first_token_s=12.0), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 1  # ~9.9 s ahead of it: in time at arrival
+    for _ in range(300):
+        pace.decoded(3, 1, 0.2)  # twice as slow: its first token now ~20 s away, past 12 s; its start within 30 s
+    c.produced(1)  # a first token: the queue is checked again
+    await asyncio.sleep(0)
+    assert admission.stats().waiting == 1 and not queued.done()
+    for _ in range(300):
+        pace.decoded(3, 1, 0.5)  # five times as slow: its start ~50 s away, past the 30 s queue timeout
+    d.produced(1)
+    with pytest.raises(OverTimeTarget) as refused:
+        await asyncio.wait_for(queued, 5)
+    assert "queue timeout" in refused.value.message and refused.value.retry_after_s >= 10
+    b.release()
+    for ticket in (a, c, d):
+        ticket.release()
+    assert admission.stats().in_system == 0

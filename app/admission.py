@@ -208,19 +208,31 @@ class Admission:
             # from its cold start and from long continued prompts predicted 10.0 s for every arrival, idle or
             # not, and refused 3,203 requests in a row over 3 minutes.
             return
+        late = self._over_time(prediction, targets, waited_s=0.0)
+        if late is not None:
+            self._refused_time += 1
+            raise late
+
+    def _over_time(self, prediction: Prediction, targets: Targets, waited_s: float) -> OverTimeTarget | None:
+        """The refusal of a request `waited_s` into its wait whose predicted first token or end (from now) comes
+        after its `targets`, or whose start after the queue timeout; None when all are met. Retry-After: the
+        predicted excess."""
         for what, predicted, target in (
             ("first token", prediction.first_token_s, targets.first_token_s),
             ("end", prediction.finish_s, targets.finish_s),
             ("start", prediction.start_s, self.queue_timeout_s),
         ):
-            if target is not None and predicted > target:
-                self._refused_time += 1
-                limit = "queue timeout" if what == "start" else "target"
-                raise OverTimeTarget(
-                    f"Server is busy: this request's {what} is predicted in {predicted:.1f} s, later than its "
-                    f"{target:g} s {limit}; retry after the Retry-After delay (or ask for fewer tokens)",
-                    retry_after_s=max(1, math.ceil(predicted - target)),
-                )
+            if target is None or predicted <= target - waited_s:
+                continue
+            limit = "queue timeout" if what == "start" else "target"
+            when = (f"after {waited_s:.1f} s in the queue, this request's {what} is predicted in {predicted:.1f} s "
+                    "more" if waited_s else f"this request's {what} is predicted in {predicted:.1f} s")
+            return OverTimeTarget(
+                f"Server is busy: {when}, later than its {target:g} s {limit}; retry after the Retry-After delay "
+                "(or ask for fewer tokens)",
+                retry_after_s=max(1, math.ceil(predicted + waited_s - target)),
+            )
+        return None
 
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
@@ -256,26 +268,14 @@ class Admission:
         predictions = self.pace.predict_queue((t.work(now) for t in self._running_tickets),
                                               [t.work(now) for t in queue], self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):
-            waited = now - ticket.queued_at
-            checks: list[tuple[str, float, float | None]] = [("start", prediction.start_s, self.queue_timeout_s)]
-            if not judged:
-                checks += [("first token", prediction.first_token_s, ticket.targets.first_token_s),
-                           ("end", prediction.finish_s, ticket.targets.finish_s)]
-            for what, predicted, target in checks:
-                if target is None or predicted <= target - waited:
-                    continue
-                self._waiting.remove(ticket)
-                ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
-                self._refused_time += 1
-                limit = "queue timeout" if what == "start" else "target"
-                if ticket._future is not None and not ticket._future.done():
-                    ticket._future.set_exception(OverTimeTarget(
-                        f"Server is busy: after {waited:.1f} s in the queue, this request's {what} is predicted in "
-                        f"{predicted:.1f} s more, later than its {target:g} s {limit}; retry after the Retry-After "
-                        "delay (or ask for fewer tokens)",
-                        retry_after_s=max(1, math.ceil(predicted + waited - target)),
-                    ))
-                break
+            late = self._over_time(prediction, Targets() if judged else ticket.targets, now - ticket.queued_at)
+            if late is None:
+                continue
+            self._waiting.remove(ticket)
+            ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
+            self._refused_time += 1
+            if ticket._future is not None and not ticket._future.done():
+                ticket._future.set_exception(late)
         self._pump()
 
     async def _admit(

@@ -35,6 +35,24 @@ class BurstResult:
         """Answers by kind: "200", "429 over_time_target", "503 queue_timeout", ..."""
         return Counter(outcome_key(r) for r in self.records)
 
+    @property
+    def served(self) -> list[Record]:
+        return [r for r in self.records if r.outcome == "ok"]
+
+    @property
+    def first_tokens(self) -> list[float]:
+        """Seconds to the first token of each served stream."""
+        return [r.ttft for r in self.served if r.ttft is not None]
+
+    @property
+    def refused(self) -> list[Record]:
+        return [r for r in self.records if r.outcome == "refused"]
+
+    @property
+    def queue_timeouts(self) -> list[Record]:
+        """Those that waited out the queue timeout only to be refused (503 queue_timeout)."""
+        return [r for r in self.records if r.code == "queue_timeout"]
+
 
 def outcome_key(rec: Record) -> str:
     """The status and, for an error, its OpenAI error code: how a client tells the reasons apart."""
@@ -77,13 +95,10 @@ def _p(values: list[float], q: float, scale: float = 1.0, digits: int = 2) -> st
 
 def summary(result: BurstResult) -> list[str]:
     """Markdown lines: what every request got, and the promise's figures."""
-    recs = result.records
-    served = [r for r in recs if r.outcome == "ok"]
-    firsts = [r.ttft for r in served if r.ttft is not None]
-    refused = [r for r in recs if r.outcome == "refused"]
+    recs, served, firsts, refused = result.records, result.served, result.first_tokens, result.refused
     refusal_ms = [r.attempts[-1].seconds for r in refused if r.attempts]
     retry = [v for r in refused if (v := retry_after_s(r)) is not None]
-    queue_timeouts = [r for r in recs if r.code == "queue_timeout"]
+    queue_timeouts = result.queue_timeouts
     target = result.ttft_target_s
     lines = [f"- {len(recs)} requests at once, each sent once (no retries); the last answer after "
              f"{result.wall_s:.1f} s.",
@@ -114,16 +129,14 @@ def summary(result: BurstResult) -> list[str]:
 def honest(result: BurstResult, tolerance_s: float = 2.0) -> list[str]:
     """The promise's checks, as PASS/FAIL lines: every served first token within the target (plus `tolerance_s`
     for the client's own clock), no queue timeout, a Retry-After on every refusal (whole seconds, at least 1)."""
-    recs = result.records
-    firsts = [r.ttft for r in recs if r.outcome == "ok" and r.ttft is not None]
-    refused = [r for r in recs if r.outcome == "refused"]
+    firsts, refused = result.first_tokens, result.refused
     retry = [retry_after_s(r) for r in refused]
     checks = []
     if result.ttft_target_s is not None and firsts:
         late = [t for t in firsts if t > result.ttft_target_s + tolerance_s]
         checks.append((f"served first tokens within the target + {tolerance_s:g} s", not late,
                        f"{len(late)} of {len(firsts)} later"))
-    timeouts = sum(r.code == "queue_timeout" for r in recs)
+    timeouts = len(result.queue_timeouts)
     checks.append(("no request waited out the queue timeout", timeouts == 0, f"{timeouts}"))
     bad = [v for v in retry if v is None or v < 1 or not math.isfinite(v)]
     checks.append(("every refusal has a Retry-After of at least 1 s", not bad, f"{len(bad)} of {len(refused)} without"))

@@ -13,21 +13,20 @@ stopped in interleaved rounds so that the machine's drift falls on each alike.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import yaml
 
+from loadkit.bench.launch import wait_ready
 from loadkit.goodput.workload import Ask
 from loadkit.overload.mix import PromptMaker
 from loadkit.service import ProcessGroup, child_env, free_port
 from loadkit.stats import percentile
-from loadkit.waiting import wait_until
 
 STEADY_TOKENS = 10  # tokens every stream has before the long prompt is sent
 
@@ -52,7 +51,6 @@ class Plan:
     long_prompt_tokens: int = 1800
     stream_tokens: int = 200
     work_dir: Path = Path("/tmp")
-    results: list[Trial] = field(default_factory=list)
 
 
 def say(message: str) -> None:
@@ -113,8 +111,12 @@ async def trial(base_url: str, plan: Plan, prompts: PromptMaker, model: str, ind
         gaps = list(zip(times, times[1:], strict=False))
         before += [b - a for a, b in gaps if b < t_long]
         during += [b - a for a, b in gaps if b > t_long and a < t_done]
-    baseline = statistics.median(before) if before else float("nan")
-    return baseline, max(during, default=float("nan")), long_ttft, short_ttft
+    return _median(before), max(during, default=float("nan")), long_ttft, short_ttft
+
+
+def _median(values: list[float]) -> float:
+    v = percentile(values, 50)
+    return float("nan") if v is None else v
 
 
 def run_stack(plan: Plan, budget: int | None, round_: int) -> list[Trial]:
@@ -126,15 +128,9 @@ def run_stack(plan: Plan, budget: int | None, round_: int) -> list[Trial]:
     base = f"http://127.0.0.1:{port}"
     out = []
     try:
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{base}/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(lambda: ready() or not group.running(), timeout_s=600, interval_s=1, what="the stack's /health")
-        if not group.running():
-            raise RuntimeError(f"the stack with max_num_batched_tokens={budget} died: {group.log_tail(1500)}")
+        why = wait_ready(group, port, timeout_s=600)
+        if why is not None:
+            raise RuntimeError(f"the stack with max_num_batched_tokens={budget} did not start: {why}")
 
         async def go() -> None:
             async with httpx.AsyncClient(base_url=base, timeout=60) as http:
@@ -157,25 +153,22 @@ def run_stack(plan: Plan, budget: int | None, round_: int) -> list[Trial]:
 
 
 def run(plan: Plan) -> list[Trial]:
+    trials = []
     for round_ in range(plan.rounds):
         order = plan.budgets if round_ % 2 == 0 else list(reversed(plan.budgets))
         for budget in order:
-            plan.results += run_stack(plan, budget, round_)
-    return plan.results
+            trials += run_stack(plan, budget, round_)
+    return trials
 
 
 def table(trials: list[Trial]) -> list[str]:
     """Markdown: per budget, the medians over its trials (and the worst stall)."""
     lines = ["| max_num_batched_tokens | Trials | Streams' usual gap (ms) | Stall, median / worst (ms) | "
              "Long prompt's first token (s) | Short request's first token (s) |", "|---|---:|---:|---:|---:|---:|"]
-    budgets = list(dict.fromkeys(t.budget for t in trials))
-    for budget in budgets:
+    for budget in dict.fromkeys(t.budget for t in trials):
         ts = [t for t in trials if t.budget == budget]
-
-        def med(values: list[float]) -> float:
-            return percentile(values, 50) or float("nan")
-
-        lines.append(f"| {budget or 'default (2048)'} | {len(ts)} | {med([t.baseline_gap_s for t in ts]) * 1000:.0f} "
-                     f"| {med([t.stall_s for t in ts]) * 1000:.0f} / {max(t.stall_s for t in ts) * 1000:.0f} "
-                     f"| {med([t.long_ttft_s for t in ts]):.2f} | {med([t.short_ttft_s for t in ts]):.2f} |")
+        gap, stall = _median([t.baseline_gap_s for t in ts]), _median([t.stall_s for t in ts])
+        lines.append(f"| {budget or 'default (2048)'} | {len(ts)} | {gap * 1000:.0f} "
+                     f"| {stall * 1000:.0f} / {max(t.stall_s for t in ts) * 1000:.0f} "
+                     f"| {_median([t.long_ttft_s for t in ts]):.2f} | {_median([t.short_ttft_s for t in ts]):.2f} |")
     return lines

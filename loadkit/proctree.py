@@ -16,7 +16,8 @@ import psutil
 from loadkit.service import tagged_processes
 
 LOAD_GENERATOR = "load generator (this script)"
-_ROLES = (("EngineCore", "vLLM EngineCore"), ("VLLM::Worker", "vLLM worker"), ("ProxyActor", "Serve proxy"),
+ENGINE_CORE = "vLLM EngineCore"
+_ROLES = (("EngineCore", ENGINE_CORE), ("VLLM::Worker", "vLLM worker"), ("ProxyActor", "Serve proxy"),
           ("ServeController", "Serve controller"), ("raylet", "raylet"), ("gcs_server", "gcs_server"))
 
 
@@ -32,7 +33,7 @@ def role_of(p: psutil.Process, root_pid: int | None) -> str:
         if marker in text:
             return role
     if "multiprocessing.spawn" in text and _spawned_by_replica(p):
-        return "vLLM EngineCore"  # not yet (or never) retitled: engine_core_of says why
+        return ENGINE_CORE  # not yet (or never) retitled: engine_core_of says why
     if "ServeReplica" in text:
         return "ingress replica" if "ingress" in text else "engine replica"
     return "other Ray helpers"
@@ -47,17 +48,15 @@ def _spawned_by_replica(p: psutil.Process) -> bool:
 
 
 def engine_core_of(replica: psutil.Process) -> psutil.Process | None:
-    """The live EngineCore process an engine replica runs, or None (none yet, or it died).
+    """The live EngineCore process an engine replica runs, or None (none yet, or it died): its descendant whose
+    role is the EngineCore's.
 
     vLLM titles it `VLLM::EngineCore`; CI runs (2026-12-02 04:26 and 05:41) found one of two serving engines still
-    titled as the multiprocessing child its replica spawned, so that child counts too (the replica's other
-    multiprocessing child, the resource tracker, is not spawned through `multiprocessing.spawn`)."""
+    titled as the multiprocessing child its replica spawned, so that child counts too (`role_of`; the replica's
+    other multiprocessing child, the resource tracker, is not spawned through `multiprocessing.spawn`)."""
     try:
         for p in replica.children(recursive=True):
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            text = p.name() + " " + " ".join(p.cmdline())
-            if "EngineCore" in text or (p.ppid() == replica.pid and "multiprocessing.spawn" in text):
+            if p.status() != psutil.STATUS_ZOMBIE and role_of(p, root_pid=None) == ENGINE_CORE:
                 return p
     except psutil.NoSuchProcess:
         pass
@@ -145,7 +144,7 @@ class ProcessTree:
 
     def engine_pids(self) -> set[int]:
         self.processes()
-        return {pid for pid, s in self.seen.items() if s.role == "vLLM EngineCore" and self._is_alive(s)}
+        return {pid for pid, s in self.seen.items() if s.role == ENGINE_CORE and self._is_alive(s)}
 
     def alive(self) -> list[str]:
         """'pid (role)' of every observed process still alive."""

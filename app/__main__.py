@@ -1,8 +1,8 @@
-"""`python -m app`: the command line (cli.py)."""
+"""`python -m app`: the command line (cli/main.py)."""
 
 import sys
 
-from app.cli import main
+from app.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -324,3 +324,9 @@ def load_config(path: str | Path) -> AppConfig:
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from None
     return parse_config(data, origin=str(path))
+
+
+def tightest(*values: float | None) -> float | None:
+    """The smallest of the targets given; None if none is."""
+    given = [v for v in values if v is not None]
+    return min(given) if given else None

@@ -152,3 +152,12 @@ class InternalError(ServiceError):
     status = 500
     type = "internal_error"
     code = "internal_error"
+
+
+def wrong_runner(model_id: str, runner: str, asked: str) -> InvalidRequest:
+    """The 400 for a route the model is not served for (`models[].runner`), naming the model. (`vllm serve` has one
+    model, and registers only the routes it serves: its answer is a 404 for the route.)"""
+    api = "Embeddings API" if asked == "embeddings" else "Chat Completions, Completions and Responses APIs"
+    kind = "embeddings" if runner == "embed" else "generation"
+    return InvalidRequest(f"The model '{model_id}' does not support the {api}: it is served for {kind} "
+                          f"(runner: {runner})", param="model")

@@ -1,7 +1,7 @@
 """System for scripts/bench.py: this project's multi-replica topology on a real multi-node Ray cluster on this
 machine, deployed as KubeRay deploys it.
 
-Starts `python -m app cluster up`'s cluster (app/local_cluster.py: a head with a loopback dashboard and two worker
+Starts `python -m app cluster up`'s cluster (app/cli/local_cluster.py: a head with a loopback dashboard and two worker
 nodes, each its own raylet confined to its own core) in a short Ray temp dir of its own, sends the given Serve
 config (the KubeRay CPU manifest's serveConfigV2, made by loadkit/bench/cluster_config.py) with `serve deploy
 --address <dashboard>`, waits with `serve status` until every replica runs, finds the replicas' nodes and pids

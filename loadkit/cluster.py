@@ -24,7 +24,7 @@ from loadkit.proctree import engine_core_of
 from loadkit.service import child_env
 from loadkit.waiting import wait_until
 
-# What `python -m app cluster up` puts in every node's environment, and what its clients need (app/local_cluster.py).
+# What `python -m app cluster up` puts in every node's environment, and what its clients need (app/cli/local_cluster).
 AUTH_ENV = {"RAY_AUTH_MODE": "token"}
 CLUSTER_DIR_ENV = "APP_CLUSTER_DIR"
 SERVE = str(Path(sys.executable).with_name("serve"))

@@ -29,12 +29,12 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.cli.reaper import kill_descendants  # noqa: E402
 from app.config import load_config  # noqa: E402
-from app.engine import Admitted, GenerateRequest, GenerationParams, PromptInput  # noqa: E402
+from app.engine.interface import Admitted, GenerateRequest, GenerationParams, PromptInput  # noqa: E402
 from app.errors import ServiceError  # noqa: E402
-from app.host import EngineHost  # noqa: E402
-from app.progress_watch import ProgressWatch  # noqa: E402
-from app.reaper import kill_descendants  # noqa: E402
+from app.host.engine_host import EngineHost  # noqa: E402
+from app.host.progress_watch import ProgressWatch  # noqa: E402
 
 _count = 0
 
@@ -180,7 +180,7 @@ async def fault(host: EngineHost, sig: signal.Signals) -> dict[str, object]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    from app.vllm_engine import VLLMEngine
+    from app.engine.vllm.engine import VLLMEngine
 
     config = load_config(args.config)
     # No latency targets and a long queue timeout: the busy phase measures the engine with 32 full prompts in

@@ -34,7 +34,7 @@ from app.config import (  # noqa: E402
     ModelConfig,
     ServiceConfig,
 )
-from app.model_store import CACHE_ENV  # noqa: E402
+from app.engine.model_store import CACHE_ENV  # noqa: E402
 
 DOC = REPO / "docs" / "configuration.md"
 EXAMPLE = REPO / "configs" / "cpu.yaml"
@@ -72,7 +72,7 @@ per-request limits. It is used
 - by `python -m app serve --config FILE` (`make serve CONFIG=FILE`);
 - by `python -m app check-config FILE`, which validates it without starting anything;
 - from a Ray Serve config file or a KubeRay RayService, where
-  `import_path: app.builder:build_app` takes `args: {{config_path: FILE}}` or the same
+  `import_path: app.rayserve.builder:build_app` takes `args: {{config_path: FILE}}` or the same
   keys inline as `args: {{config: {{...}}}}` (see `configs/serve-cpu.yaml`,
   `configs/kuberay/` and `docs/kuberay.md`).
 

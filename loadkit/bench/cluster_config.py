@@ -21,7 +21,7 @@ from loadkit.bench.systems import MODEL_ID, Engine
 MANIFEST = Path("configs") / "kuberay" / "rayservice-cpu.yaml"
 APP_NAME = "llm"  # the manifest's application
 INGRESS_DEPLOYMENT = "ingress"
-# app.builder.engine_deployment_name(MODEL_ID); the kit imports nothing from app/.
+# app.rayserve.builder.engine_deployment_name(MODEL_ID); the kit imports nothing from app/.
 ENGINE_DEPLOYMENT = "engine-" + MODEL_ID
 
 

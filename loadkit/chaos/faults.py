@@ -76,7 +76,7 @@ def engine_kill(target: Target) -> Callable[[], bool]:
 
 def engine_stop(target: Target) -> Callable[[], bool]:
     engine = _engine_of(target, _first_replica(target))
-    engine.suspend()  # the replica's progress watch declares it wedged and SIGKILLs it (app/progress_watch.py)
+    engine.suspend()  # the replica's progress watch declares it wedged and SIGKILLs it (app/host/progress_watch.py)
     return _replaced(target, engine)
 
 

@@ -4,7 +4,7 @@ The command is the bench's own (`loadkit.bench.systems.system_command` for the `
 name, `--enforce-eager`, dtype, max_model_len, max_num_seqs, and `VLLM_CPU_KVCACHE_SPACE` in its environment), and
 its life is the bench's `Server` (own process group, stopped leaving nothing behind). Added here are the engine
 arguments the bench leaves at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as
-app/vllm_engine.py sets it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
+app/engine/vllm/engine.py sets it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
 `--enable-prompt-tokens-details` (the service always reports `usage.prompt_tokens_details.cached_tokens`;
 `vllm serve` only with that flag, so without it every usage would differ by that one documented field).
 `dtype: auto` is given to the peer as the bench gives it to its peers (`loadkit.goodput.run.same_precision`):

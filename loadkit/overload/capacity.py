@@ -127,7 +127,7 @@ class OwnService:
                           interval_s=1.0)
 
     def _healthy(self) -> bool:
-        # Not app.cli.wait_healthy: the kit imports nothing from app/, so it can drive any deployment by URL.
+        # Not app.cli.main.wait_healthy: the kit imports nothing from app/, so it can drive any deployment by URL.
         try:
             return httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200
         except httpx.HTTPError:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from app.serve_steps import wait_healthy
+from app.cli.serve_steps import wait_healthy
 from loadkit.service import STACK_MARKERS, ProcessGroup, child_env, processes_started_since
 from loadkit.service import free_port as free_port  # re-exported: the tests' import of it stays
 from tests.conftest import STOP_SHARED_STACK

@@ -36,8 +36,8 @@ import psutil
 import pytest
 import yaml
 
-from app import local_cluster
-from app.builder import INGRESS_NAME, engine_deployment_name
+from app.cli import local_cluster
+from app.rayserve.builder import INGRESS_NAME, engine_deployment_name
 from loadkit.cluster import LocalCluster
 from loadkit.long_stream import LongStream
 from loadkit.service import ProcessGroup
@@ -229,7 +229,7 @@ def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_
                               what=f"replica {replica_id} serving again")
         load.wait_served(10, what="the load served once both replicas run")
     print(f"kill of {victim_id}'s engine (new engine in {replica_id}): {load.summary(killed_at)}")
-    # Requests on the killed engine continue on the other replica (app/continuation.py); those refused by it
+    # Requests on the killed engine continue on the other replica (app/rayserve/migration.py); those refused by it
     # are retried there: none fails.
     assert not load.failures(), load.summary(killed_at)
     assert len(load.since(killed_at)) >= 10
@@ -241,7 +241,7 @@ def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_
 
 def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: Deployment):
     """SIGSTOP of one EngineCore (alive and silent, which vLLM's health check does not see): its replica's progress
-    watch declares it wedged past its bound (app/progress_watch.py: 30 s floor with decoding requests in it), ends
+    watch declares it wedged past its bound (app/host/progress_watch.py: 30 s floor with decoding requests in it), ends
     its requests with a retryable 503 and restarts the engine in place; the ingress continues them on the other
     replica, long greedy streams included."""
     cluster = two_replicas.cluster
@@ -281,7 +281,7 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
 
 def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
-    would: Serve replaces the replica; its requests in flight continue on the other replica (app/continuation.py),
+    would: Serve replaces the replica; its requests in flight continue on the other replica (app/rayserve/migration.py),
     long greedy streams included, and new ones go there until the replacement is ready."""
     cluster = two_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}

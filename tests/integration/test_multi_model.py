@@ -173,6 +173,6 @@ def _workers_cores(service) -> list[set[int]]:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_two_engines_on_one_host_compute_on_cores_of_their_own(multi):
     planned = [set(multi.stats(m)["engine"]["compute_cores"]) for m in (MODEL, SECOND_MODEL)]
-    assert all(planned) and not planned[0] & planned[1], planned  # app/core_claims.py
+    assert all(planned) and not planned[0] & planned[1], planned  # app/engine/cpu/claims.py
     bound = _workers_cores(multi)
     assert len(bound) == 2 and not bound[0] & bound[1], bound

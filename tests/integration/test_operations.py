@@ -113,7 +113,7 @@ def test_the_replica_and_engine_core_keep_off_the_compute_cores(service):
 def test_the_private_ray_runs_quietly(service):
     """The CLI's own Ray leaves out background work nobody reads (Ray's metrics, task events) and runs
     Serve's control loop at 0.5 s: those processes share the CPU with the engine."""
-    from app.cli import QUIET_PRIVATE_RAY
+    from app.cli.main import QUIET_PRIVATE_RAY
 
     tree = psutil.Process(service.proc.pid).children(recursive=True)
     controller = next(p for p in tree if "ServeController" in p.name() + " ".join(p.cmdline()))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.core_plan import plan_cores
-from app.precision import resolve_cpu_precision
+from app.engine.cpu.core_plan import plan_cores
+from app.engine.cpu.precision import resolve_cpu_precision
 from tests.integration.conftest import MODEL
 
 pytestmark = pytest.mark.integration

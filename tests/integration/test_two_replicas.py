@@ -2,7 +2,7 @@
 machine, its own Ray), 4 plain and 2 streaming SDK clients, and issue 13's: long greedy streams in flight on an
 engine that breaks. Two replicas get the ingress tier, which listens on the port itself, retries on the other
 replica what the broken one refuses, and continues there the requests the broken engine was answering
-(app/continuation.py). The engine is stopped (SIGSTOP: alive and silent, which vLLM's health check does not
+(app/rayserve/migration.py). The engine is stopped (SIGSTOP: alive and silent, which vLLM's health check does not
 see): its replica declares it wedged (progress_watch.py) and restarts it in place. No request fails; every long
 stream ends whole, and the two engines compute on cores of their own (core_claims.py).
 A killed engine (SIGKILL) is the cluster's test (test_local_cluster.py): the same 503 after answering reaches the

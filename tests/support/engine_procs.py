@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from app.builder import engine_deployment_name
+from app.rayserve.builder import engine_deployment_name
 from loadkit.proctree import engine_core_of
 from tests.integration.conftest import MODEL
 

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 
 from app.config import AppConfig, parse_config
-from app.engine import GenerateRequest, GenerationParams, PromptInput
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
-from app.ingress import create_app
+from app.engine.fake import FakeEngine
+from app.engine.interface import GenerateRequest, GenerationParams, PromptInput
+from app.host.engine_host import EngineHost
+from app.http.ingress import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL_ID = "fake-model"
@@ -95,7 +95,7 @@ class Stack:
 async def listening(stack: Stack) -> AsyncIterator[str]:
     """`stack`'s app on a real socket (the replica's own listener), so a client's hang-up is seen as on the real
     stack; yields the base URL, and stops the listener and the stack after."""
-    from app.http_listener import HttpListener
+    from app.http.listener import HttpListener
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

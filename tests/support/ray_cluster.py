@@ -1,5 +1,5 @@
 """The local cluster for the tests that deploy onto an existing cluster: `python -m app cluster up`'s code
-(app/local_cluster.py) started once for the block, Ray's logs in a temp dir of its own, and stopped after it,
+(app/cli/local_cluster.py) started once for the block, Ray's logs in a temp dir of its own, and stopped after it,
 leaving no process; inside, loadkit's `LocalCluster` operates it as a user would."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app import local_cluster
+from app.cli import local_cluster
 from loadkit.cluster import LocalCluster
 
 

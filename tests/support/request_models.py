@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.protocol import ChatCompletionRequest, CompletionRequest
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -1,4 +1,4 @@
-"""Decoding SSE bodies in tests: the service only writes them (app/sse.py)."""
+"""Decoding SSE bodies in tests: the service only writes them (app/http/sse.py)."""
 
 from __future__ import annotations
 

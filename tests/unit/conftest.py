@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from app.config import AppConfig, ModelConfig, ServiceConfig
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
+from app.engine.fake import FakeEngine
+from app.host.engine_host import EngineHost
 from tests.support.fake_stack import MAX_MODEL_LEN, Stack, make_config
 
 

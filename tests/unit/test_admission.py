@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from app.admission import Admission
 from app.errors import QueueFull, QueueFullUnavailable, QueueTimeout, ServiceUnavailable
+from app.host.admission import Admission
 from tests.support.waiting import until
 
 

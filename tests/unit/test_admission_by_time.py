@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from app.admission import Admission, Targets
+from app.engine.fake import FakeEngine
 from app.errors import OverTimeTarget, QueueFull
-from app.fake_engine import FakeEngine
-from app.pace import EnginePace
+from app.host.admission import Admission, Targets
+from app.host.pace import EnginePace
 from tests.support.fake_stack import Stack, chat_body, make_config
 
 TOKEN_S = 0.02  # the fake engine's time per token
@@ -263,7 +263,7 @@ async def test_a_queued_request_is_checked_again_only_against_the_queue_timeout(
     """Once admitted to the queue by a measured pace, a request is not judged against its target again (a burst's
     own first tokens slow the decode samples for a moment), but it is refused as soon as it is predicted to wait
     out the queue timeout, not when the timeout ends."""
-    monkeypatch.setattr("app.admission.SWEEP_EVERY_S", 0.0)
+    monkeypatch.setattr("app.host.admission.SWEEP_EVERY_S", 0.0)
     pace = _paced(step_s=0.1)
     admission = Admission(max_running=3, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
     a, c, d = admission.reserve(), admission.reserve(), admission.reserve()

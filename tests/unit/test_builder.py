@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.builder import INGRESS_NAME, build_from_config, engine_deployment_name
-from app.serving_router import ROUTING_STATS_PERIOD_S, ServingReplicaRouter
+from app.rayserve.builder import INGRESS_NAME, build_from_config, engine_deployment_name
+from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, ServingReplicaRouter
 from tests.support.fake_stack import make_config
 
 

@@ -1,7 +1,7 @@
 """vLLM's chat-template extensions on /v1/chat/completions (docs/api.md, "Chat templates"): `add_generation_prompt`,
 `continue_final_message`, `chat_template_kwargs` reach the template; `echo` starts the answer with the final
 assistant message; vLLM's refusals (both of the first two at once) and this service's bounds are 400s naming the
-parameter. Against the fake engine, whose template is visible in its prompt tokens (app/fake_engine.py)."""
+parameter. Against the fake engine, whose template is visible in its prompt tokens (app/engine/fake.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from app.protocol import MAX_TEMPLATE_KWARGS_CHARS
+from app.openai.chat import MAX_TEMPLATE_KWARGS_CHARS
 from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MODEL_ID, chat_body

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app import cli, precision
-from app.cpu_facts import CpuFacts
+from app.cli import main as cli
+from app.engine.cpu import precision
+from app.engine.cpu.facts import CpuFacts
 
 REPO = Path(__file__).resolve().parents[2]
 AVX2_ONLY = CpuFacts("x86_64", "Test EPYC", frozenset("fpu sse2 avx avx2 fma f16c".split()), (0, 1))

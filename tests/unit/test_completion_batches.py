@@ -8,7 +8,8 @@ import httpx
 import openai
 import pytest
 
-from app.fake_engine import ANSWER, FakeEngine
+from app.engine.fake import FakeEngine
+from app.engine.fake_model import ANSWER
 from tests.support.fake_stack import MODEL_ID, Stack, listening, make_config
 from tests.support.sse import parse
 from tests.support.waiting import until

@@ -12,8 +12,8 @@ import socket
 import httpx
 import pytest
 
-from app.fake_engine import FakeEngine
-from app.http_listener import HttpListener
+from app.engine.fake import FakeEngine
+from app.http.listener import HttpListener
 from tests.support.fake_stack import Stack, chat_body, make_config
 from tests.support.waiting import until
 

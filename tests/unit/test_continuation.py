@@ -1,4 +1,4 @@
-"""A request whose replica fails after answering continues on another replica (app/continuation.py, driven by
+"""A request whose replica fails after answering continues on another replica (app/rayserve/migration.py, driven by
 `ray_backend.HandleBackend`): the client's stream goes on with one `Admitted`, every token once, under the
 original choice indices; the continuation's prompt is the prompt's ids plus the choice's own, with the tokens
 still allowed; requests whose state stays with the replica end with the retryable 503 instead."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import ActorDiedError
 
-from app.continuation import Continuation
-from app.engine import Admitted, ChoiceDelta, GenerationDelta
+from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta
 from app.errors import RequestTimeout, ServiceUnavailable
-from app.ray_backend import ATTEMPTS, HandleBackend, Refused
+from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused
+from app.rayserve.migration import Continuation
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
 
@@ -159,10 +159,10 @@ async def test_the_replica_counts_a_continuation_s_resumed_tokens_against_the_co
     from dataclasses import replace
 
     from app.config import ServiceConfig
-    from app.engine import PromptInput
+    from app.engine.fake import FakeEngine
+    from app.engine.interface import PromptInput
     from app.errors import ContextLengthExceeded
-    from app.fake_engine import FakeEngine
-    from app.host import EngineHost
+    from app.host.engine_host import EngineHost
     from tests.support.fake_stack import MAX_MODEL_LEN, make_config
 
     model = make_config(limits={"max_prompt_tokens": 8}).models[0]
@@ -177,7 +177,7 @@ async def test_the_replica_counts_a_continuation_s_resumed_tokens_against_the_co
 
 
 def test_migrations_are_counted_in_the_metrics_by_outcome():
-    from app.metrics import Metrics
+    from app.http.metrics import Metrics
 
     text = Metrics().render({}, {}, {"m": {"resumed": 3, "unresumable": 1}}).decode()
     assert 'app_requests_migrated_total{model_name="m",outcome="resumed"} 3.0' in text

@@ -1,4 +1,4 @@
-"""Two CPU engines on one host compute on cores of their own (app/core_claims.py): claims are real flocks in a
+"""Two CPU engines on one host compute on cores of their own (app/engine/cpu/claims.py): claims are real flocks in a
 folder, so these tests hold and probe them exactly as two replica processes would (two opens of one file do not
 share a flock, in one process or two)."""
 
@@ -8,10 +8,10 @@ import functools
 
 import pytest
 
-from app import core_claims
-from app.core_claims import CoreClaims, plan_own_cores
-from app.core_plan import plan_cores
-from app.cpu_facts import CpuTopology
+from app.engine.cpu import claims as core_claims
+from app.engine.cpu.claims import CoreClaims, plan_own_cores
+from app.engine.cpu.core_plan import plan_cores
+from app.engine.cpu.facts import CpuTopology
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from tests.support.fake_stack import REPO_ROOT
 REPLICA = r"""
 import json, os, subprocess, sys
 import psutil
-from app.cpu_affinity import keep_off_engine_cores
+from app.engine.cpu.affinity import keep_off_engine_cores
 
 compute = int(sys.argv[1])
 # A stand-in names itself and binds itself, says so on stdout, and then only stays alive until killed.

@@ -1,4 +1,4 @@
-"""`app.precision`, `app.cpu_facts` and `app.core_plan`: the precision decision from given flag sets, the
+"""`app.engine.cpu.precision`, `.facts` and `.core_plan`: the precision decision from given flag sets, the
 micro-benchmark on a fake clock, the core plan for given topologies (checked by hand against vLLM 0.32's own
 `OMPProcessManager._get_autobind_cpu_ids`), and the start-up line. Nothing here reads the real machine except
 where a test says so, and nothing is timed."""
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app import core_plan, cpu_facts, precision
-from app.cpu_facts import CpuFacts, CpuTopology, LogicalCpu
-from app.precision import MatmulBenchmark
+from app.engine.cpu import core_plan, precision
+from app.engine.cpu import facts as cpu_facts
+from app.engine.cpu.facts import CpuFacts, CpuTopology, LogicalCpu
+from app.engine.cpu.precision import MatmulBenchmark
 
 # Flag sets as /proc/cpuinfo shows them (trimmed to what matters plus some noise).
 BASE_X86 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma bmi1 bmi2 popcnt aes"

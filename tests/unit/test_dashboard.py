@@ -4,10 +4,10 @@ import json
 import re
 from pathlib import Path
 
-from app.admission import AdmissionStats
-from app.engine import EngineStats
-from app.host import ReplicaStats
-from app.metrics import Metrics, _Snapshot
+from app.engine.interface import EngineStats
+from app.host.admission import AdmissionStats
+from app.host.stats import ReplicaStats
+from app.http.metrics import Metrics, _Snapshot
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"
 STATS = {"m": ReplicaStats(

@@ -14,11 +14,12 @@ import openai
 import pytest
 
 from app.config import ConfigError, parse_config
-from app.embeddings import base64_of
-from app.engine import Embeddings, EmbedRequest, PromptInput
+from app.engine.fake import FakeEngine
+from app.engine.fake_model import EMBEDDING_SIZE
+from app.engine.interface import Embeddings, EmbedRequest, PromptInput
 from app.errors import InvalidRequest, QueueFull
-from app.fake_engine import EMBEDDING_SIZE, FakeEngine
-from app.ray_backend import HandleBackend, Refused
+from app.openai.embeddings import base64_of
+from app.rayserve.handle_backend import HandleBackend, Refused
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, config_dict, listening, make_config
 

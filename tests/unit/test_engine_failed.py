@@ -10,10 +10,10 @@ from contextlib import aclosing
 import pytest
 
 from app.config import ServiceConfig
-from app.engine import Admitted, EngineFailed, GenerationDelta
+from app.engine.fake import FakeEngine
+from app.engine.interface import Admitted, EngineFailed, GenerationDelta
 from app.errors import ServiceUnavailable
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
+from app.host.engine_host import EngineHost
 from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MAX_MODEL_LEN, chat_body, make_config, make_request

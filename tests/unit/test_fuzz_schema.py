@@ -32,9 +32,9 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import content_type_conformance
 
 from app.config import parse_config
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
-from app.ingress import create_app
+from app.engine.fake import FakeEngine
+from app.host.engine_host import EngineHost
+from app.http.ingress import create_app
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, config_dict
 from tests.support.fuzzing import declared_fields, say

@@ -20,14 +20,15 @@ import psutil
 import pytest
 
 from app.config import ServiceConfig
-from app.engine import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
-from app.engine_processes import EngineProcesses
+from app.engine.fake import FakeEngine
+from app.engine.interface import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
+from app.engine.processes import EngineProcesses
 from app.errors import ServiceUnavailable
-from app.fake_engine import FakeEngine
-from app.host import RESTART_LIMIT, EngineHost
-from app.ingress import create_app
-from app.metrics import Metrics
-from app.progress_watch import ProgressWatch
+from app.host.engine_host import EngineHost
+from app.host.progress_watch import ProgressWatch
+from app.host.supervisor import RESTART_LIMIT
+from app.http.ingress import create_app
+from app.http.metrics import Metrics
 from tests.support import sse
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config, make_request
 from tests.support.waiting import until
@@ -40,7 +41,7 @@ MARGIN = 2.0
 
 
 @dataclass
-class _Request:
+class SamplingRequest:
     prefill_left: int
     max_tokens: int
     emitted: int = 0
@@ -61,7 +62,7 @@ class SteppedEngine(FakeEngine):
         self.shut_down = False
         self.stopped = False
         self.last_emit = 0.0  # time.monotonic() of the last token emitted
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, SamplingRequest] = {}
         self._stepping: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -88,7 +89,7 @@ class SteppedEngine(FakeEngine):
     async def generate(self, request_id, prompt_token_ids, params):
         if self.dead:
             raise EngineDead("stepped engine is dead")
-        request = _Request(prefill_left=len(prompt_token_ids), max_tokens=params.max_tokens)
+        request = SamplingRequest(prefill_left=len(prompt_token_ids), max_tokens=params.max_tokens)
         self._requests[request_id] = request
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
@@ -395,7 +396,7 @@ async def test_a_failed_restart_fails_the_health_check_so_serve_replaces_the_rep
 
 
 async def test_a_restart_past_its_deadline_fails_the_health_check(monkeypatch):
-    monkeypatch.setattr("app.host.RESTART_MIN_DEADLINE_S", 0.3)
+    monkeypatch.setattr("app.host.supervisor.RESTART_MIN_DEADLINE_S", 0.3)
     gate = threading.Event()
     factory = Factory(start_blocks=gate)
     first = SteppedEngine()

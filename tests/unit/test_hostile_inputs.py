@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from app.fake_engine import FakeEngine
+from app.engine.fake import FakeEngine
 from tests.support.fake_stack import MODEL_ID, make_config
 from tests.support.hostile import (
     CASE_TIMEOUT_S,

@@ -11,12 +11,12 @@ import pytest
 
 from app.api_keys import ApiKeys, digest_of
 from app.config import ConfigError, parse_config
-from app.engine import PromptInput
+from app.engine.fake import FakeEngine
+from app.engine.interface import PromptInput
 from app.errors import ContextLengthExceeded, QueueFull
-from app.fake_engine import FakeEngine
-from app.gate import route_path
-from app.host import EngineHost
-from app.ingress import create_app
+from app.host.engine_host import EngineHost
+from app.http.gate import route_path
+from app.http.ingress import create_app
 from tests.support.fake_stack import MODEL_ID, chat_body, config_dict, make_config, make_request
 from tests.support.waiting import until
 
@@ -166,7 +166,7 @@ def test_keys_are_resolved_where_the_app_is_built_and_reach_replicas_as_digests(
 
 
 def test_reachable_beyond_loopback_without_keys_refuses_to_start_unless_told_to_warn(monkeypatch):
-    from app.replicas import _refuse_open_access
+    from app.rayserve.replicas import _refuse_open_access
 
     monkeypatch.delenv("APP_API_KEYS", raising=False)
     open_config = parse_config({**config_dict(), "service": {"host": "0.0.0.0"}})

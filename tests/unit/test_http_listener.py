@@ -8,9 +8,9 @@ import socket
 import httpx
 import pytest
 
-from app.builder import INGRESS_NAME, build_from_config, engine_deployment_name
-from app.fake_engine import FakeEngine
-from app.http_listener import CannotListen, HttpListener, bind_socket
+from app.engine.fake import FakeEngine
+from app.http.listener import CannotListen, HttpListener, bind_socket
+from app.rayserve.builder import INGRESS_NAME, build_from_config, engine_deployment_name
 from loadkit.probe import probe
 from tests.support.fake_stack import Stack, chat_body, make_config
 from tests.support.waiting import until

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from app.config import API_KEYS_ENV
-from app.fake_engine import ANSWER, FakeEngine
+from app.engine.fake import FakeEngine
+from app.engine.fake_model import ANSWER
 from tests.support import sse
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config, usage_of
 

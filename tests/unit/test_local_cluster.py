@@ -3,8 +3,8 @@ that `cluster down` reads (a cluster started by one process is stopped by anothe
 
 from __future__ import annotations
 
-from app import local_cluster
-from app.local_cluster import ClusterState, Node, worker_cores
+from app.cli import local_cluster
+from app.cli.local_cluster import ClusterState, Node, worker_cores
 
 
 def test_each_worker_gets_its_own_core_while_there_are_enough():

@@ -5,7 +5,7 @@
   fields refused as `kubectl apply` (strict field validation) refuses them; then
   serveConfigV2 against Ray Serve's own ServeDeploySchema (plus a check for unknown keys,
   which Serve's pydantic models silently drop); then every application is built from its
-  `args` exactly as the Serve controller would build it: app.builder.config_from_args,
+  `args` exactly as the Serve controller would build it: app.rayserve.builder.config_from_args,
   build_from_config, and Serve's graph builder. Building binds deployments only: no Ray
   cluster is started (a fixture turns Ray's auto-init off and checks) and no engine loads.
 * configs/*.yaml: app configs load with load_config; Serve config files (those with
@@ -43,7 +43,9 @@ from ray.serve._private.build_app import build_app as serve_build_app
 from ray.serve._private.config import DeploymentConfig
 from ray.serve.schema import ServeDeploySchema
 
-from app.builder import (
+from app.cli.local_cluster import INGRESS_RESOURCE
+from app.config import AppConfig, ConfigError, load_config
+from app.rayserve.builder import (
     INGRESS_NAME,
     build_from_config,
     colocated,
@@ -51,8 +53,6 @@ from app.builder import (
     engine_deployment_name,
     ingress_deployment_name,
 )
-from app.config import AppConfig, ConfigError, load_config
-from app.local_cluster import INGRESS_RESOURCE
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -61,7 +61,7 @@ MANIFESTS = sorted((CONFIGS / "kuberay").glob("*.yaml"))
 # Which config file each manifest's inline config copies.
 INLINE_CONFIG_SOURCE = {"rayservice-gpu.yaml": "gpu.yaml", "rayservice-cpu.yaml": "cpu.yaml"}
 SERVE_PORT = 8000
-BUILDER_IMPORT_PATH = "app.builder:build_app"
+BUILDER_IMPORT_PATH = "app.rayserve.builder:build_app"
 # Deployment options Serve applies to the replica config rather than the deployment config.
 REPLICA_OPTIONS = ("ray_actor_options", "placement_group_bundles", "placement_group_strategy", "max_replicas_per_node",
                    "placement_group_bundle_label_selector", "placement_group_fallback_strategy")
@@ -517,15 +517,15 @@ def test_dockerfile_serves_a_valid_config(path):
 def test_gpu_manifest_engine_arguments_are_vllms_own():
     """As far as a CPU machine goes: vLLM's own engine arguments for the GPU manifest's model, constructed (and
     checked by vLLM's dataclass) without starting an engine or reading the model."""
-    from app.precision import resolve_cpu_precision
-    from app.vllm_engine import _engine_args
+    from app.engine.cpu.precision import resolve_cpu_precision
+    from app.engine.vllm.to_vllm import engine_args
 
     serve_config = parse_serve_config(yaml.safe_load(_manifest("rayservice-gpu.yaml")["spec"]["serveConfigV2"]))
     for app_schema in serve_config.applications:
         config, _ = build_application(app_schema)
         for model in config.models:
             choice = resolve_cpu_precision(model.engine.dtype, on_gpu=model.on_gpu)
-            args = _engine_args(model, choice.dtype)
+            args = engine_args(model, choice.dtype)
             assert model.on_gpu and args.model == model.source and args.served_model_name == model.id
             assert (args.dtype, args.enforce_eager) == ("bfloat16", False)
             assert args.gpu_memory_utilization == model.engine.gpu_memory_utilization == 0.90
@@ -535,7 +535,7 @@ def test_gpu_manifest_engine_arguments_are_vllms_own():
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_clients_reach_the_head_only_so_a_lost_worker_cuts_no_connection(path):
     """The node-loss topology (docs/kuberay.md): the head's Serve proxy alone takes clients, the ingress tier
-    runs beside it (the head's `ingress` resource, which app/local_cluster.py's head offers too), and the worker
+    runs beside it (the head's `ingress` resource, which app/cli/local_cluster.py's head offers too), and the worker
     pods run engines only, ready by Ray's own agent (no proxy there to probe)."""
     manifest = _load(path)
     spec = manifest["spec"]

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from app.config import API_KEYS_ENV
-from app.fake_engine import ANSWER
+from app.engine.fake_model import ANSWER
 from tests.support.fake_stack import MODEL_ID, make_config
 
 MESSAGES = [{"role": "user", "content": "Hello"}]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from app.pace import MIN_SAMPLES, WINDOW, EnginePace, Work
+from app.host.pace import MIN_SAMPLES, WINDOW, EnginePace, Work
 
 
 def _trained(prefill_s_per_token: float = 0.002, step_s: float = 0.01, per_batch_s: float = 0.005) -> EnginePace:

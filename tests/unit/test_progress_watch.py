@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.progress_watch import UNMEASURED_PREFILL_TOKENS_PER_S, ProgressWatch, Stall
+from app.host.progress_watch import UNMEASURED_PREFILL_TOKENS_PER_S, ProgressWatch, Stall
 
 
 class Clock:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine import PromptInput
-from app.protocol import ChatCompletionRequest, CompletionRequest
+from app.engine.interface import PromptInput
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config
 

@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import LimitsConfig
-from app.engine import PromptInput
+from app.engine.interface import PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
-from app.protocol import ChatCompletionRequest
+from app.openai.chat import ChatCompletionRequest
 from tests.support.request_models import MSGS, chat, completion
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20, max_n=3, max_stop_sequences=2,

@@ -1,4 +1,4 @@
-"""`app/ray_backend.py`: the ingress' side of the Ray handle. `translate` gives back the service's own
+"""`app/rayserve/handle_backend.py`: the ingress' side of the Ray handle. `translate` gives back the service's own
 errors for what Ray wraps or raises; `HandleBackend` against a stand-in handle: values pass through, a
 `Refused` value raises its error, every call's failure is translated, and the remote stream is always
 cancelled in the end (which stops the replica's generator when the caller went away)."""
@@ -13,9 +13,9 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
-from app.engine import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
+from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
 from app.errors import InvalidRequest, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
-from app.ray_backend import ATTEMPTS, HandleBackend, Refused, translate
+from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused, translate
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
 
@@ -73,7 +73,7 @@ ITEMS = [Admitted(prompt_tokens=3), GenerationDelta(choices=(ChoiceDelta(index=0
 
 
 def as_sent(request: GenerateRequest) -> GenerateRequest:
-    """What the ingress sends a replica for `request`: the same, asking for the token ids (app/continuation.py)."""
+    """What the ingress sends a replica for `request`: the same, asking for the token ids (rayserve/migration.py)."""
     return replace(request, params=replace(request.params, return_token_ids=True))
 
 
@@ -215,7 +215,7 @@ async def test_plain_call_failures_are_translated(method, args):
 
 
 def test_retries_are_counted_in_the_metrics_by_reason():
-    from app.metrics import Metrics
+    from app.http.metrics import Metrics
 
     text = Metrics().render({}, {"m": {"queue_full": 2, "engine_unavailable": 1}}).decode()
     assert 'app_requests_retried_total{model_name="m",reason="queue_full"} 2.0' in text

@@ -1,10 +1,11 @@
-"""`app/responses.py`: neutral engine output to OpenAI objects (stream chunks, the final body, usage,
+"""`app/openai/answers.py`: neutral engine output to OpenAI objects (stream chunks, the final body, usage,
 logprobs and their offsets, echo), with no HTTP and no engine."""
 
 from __future__ import annotations
 
-from app.engine import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
-from app.responses import ChatShape, CompletionShape, Responder
+from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta, TokenLogprob
+from app.openai.answers import Responder
+from app.openai.choice_shapes import ChatShape, CompletionShape
 from tests.support.fake_stack import usage_of
 
 CREATED = 1_700_000_000

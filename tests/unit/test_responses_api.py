@@ -12,8 +12,9 @@ import jsonschema
 import openai
 import pytest
 
-from app.fake_engine import ANSWER, FakeEngine
-from app.responses_request import ResponsesRequest
+from app.engine.fake import FakeEngine
+from app.engine.fake_model import ANSWER
+from app.openai.responses_api import ResponsesRequest
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, Stack, listening, make_config
 from tests.support.waiting import until

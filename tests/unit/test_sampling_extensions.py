@@ -13,20 +13,23 @@ from pydantic import ValidationError
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput
 
-from app import vllm_engine
 from app.config import LimitsConfig
-from app.engine import Admitted, ChoiceDelta, EngineRejected, GenerationDelta, GenerationParams
+from app.engine.fake_model import VOCAB_SIZE
+from app.engine.interface import Admitted, ChoiceDelta, EngineRejected, GenerationDelta, GenerationParams
+from app.engine.vllm import engine as vllm_engine
+from app.engine.vllm.from_vllm import token_logprobs
+from app.engine.vllm.refusals import refusal
+from app.engine.vllm.to_vllm import sampling_params
 from app.errors import InvalidRequest
-from app.fake_engine import VOCAB_SIZE
-from app.protocol import (
+from app.openai.answers import Responder
+from app.openai.choice_shapes import ChatShape
+from app.openai.sampling_bounds import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORD_CHARS,
     MAX_BAD_WORDS,
     MAX_LOGIT_BIAS,
     MAX_STOP_TOKEN_IDS,
 )
-from app.responses import ChatShape, Responder
-from app.vllm_engine import _logprobs, _refusal, _sampling_params
 from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body, usage_of
@@ -226,7 +229,7 @@ def test_responder_puts_the_usage_so_far_on_every_chunk():
 
 def test_sampling_params_carry_every_extension():
     params = chat(**EXTENSIONS, temperature=0.7).to_params(LIMITS)
-    sp = _sampling_params(params)
+    sp = sampling_params(params)
     assert (sp.top_k, sp.min_p, sp.min_tokens, sp.repetition_penalty) == (5, 0.1, 3, 1.3)
     assert sp.stop_token_ids == [7, 9]
     assert sp.include_stop_str_in_output is True
@@ -238,7 +241,7 @@ def test_sampling_params_carry_every_extension():
 
 
 def test_sampling_params_of_the_defaults_are_vllms_defaults():
-    sp = _sampling_params(GenerationParams(max_tokens=4))
+    sp = sampling_params(GenerationParams(max_tokens=4))
     assert (sp.top_k, sp.min_p, sp.min_tokens, sp.repetition_penalty) == (0, 0.0, 0, 1.0)
     assert sp.stop_token_ids == [] and sp.logit_bias is None and sp.allowed_token_ids is None
     assert sp.bad_words == [] and sp.skip_special_tokens and sp.spaces_between_special_tokens
@@ -260,7 +263,7 @@ def test_sampling_params_of_the_defaults_are_vllms_defaults():
     (ValueError("something else entirely"), EngineRejected, None),
 ])
 def test_vllm_refusals_name_our_parameter_when_vllm_names_it(err, expected, param):
-    mapped = _refusal(err)
+    mapped = refusal(err)
     assert type(mapped) is expected and str(mapped) == str(err)
     assert getattr(mapped, "param", None) == param
 
@@ -313,7 +316,7 @@ def test_logprobs_list_the_token_that_ended_the_choice_as_vllm_s_server_does():
     """vLLM's server lists every generated token's logprob, the end-of-sequence or stop token that ended the choice
     included, though the text leaves it out (the differential run: 8 entries for 7 tokens of text)."""
     by_stop_token = _done([5, 6, 42], "stop", 42)
-    assert [lp.token for lp in _logprobs(by_stop_token, 0)] == ["<5>", "<6>", "<42>"]
+    assert [lp.token for lp in token_logprobs(by_stop_token, 0)] == ["<5>", "<6>", "<42>"]
 
 
 def test_null_sampling_values_are_the_defaults_as_in_vllm():
@@ -330,8 +333,8 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
     append_logprobs_for_next_position(logprobs, [7, 9], [-0.1, -2.0], ["a", "b"], 1, 1)
     out = CompletionOutput(index=0, text="a", token_ids=[7], cumulative_logprob=None, logprobs=logprobs,
                            finish_reason="length", stop_reason=None)
-    (by_text,) = _logprobs(out, 2)
-    (by_id,) = _logprobs(out, 2, as_ids=True)
+    (by_text,) = token_logprobs(out, 2)
+    (by_id,) = token_logprobs(out, 2, as_ids=True)
     assert by_text.token == "a" and [t for t, _ in by_text.top] == ["a", "b"]
     assert by_id.token == "token_id:7" and [t for t, _ in by_id.top] == ["token_id:7", "token_id:9"]
     assert chat(return_tokens_as_token_ids=True, logprobs=True).to_params(LIMITS).tokens_as_ids

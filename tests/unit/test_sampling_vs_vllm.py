@@ -1,6 +1,6 @@
 """Differential, at the parameter level: the same request body through vLLM's own OpenAI request models
 (`vllm.entrypoints.openai...protocol`, `to_sampling_params`, as `vllm serve` builds them) and through this
-service's (`to_params`, then `VLLMEngine`'s `_sampling_params`) must be refused by both or give the same
+service's (`to_params`, then `VLLMEngine`'s `sampling_params`) must be refused by both or give the same
 `SamplingParams`, field by field. Property-generated bodies over the sampling parameters and vLLM's extensions,
 valid and not, inside this service's documented bounds (docs/api.md lists where it deliberately differs: those are
 tested on their own at the end). No engine: the vocabulary checks are the engine's and are not compared here."""
@@ -19,9 +19,10 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Vll
 from vllm.exceptions import VLLMValidationError
 
 from app.config import LimitsConfig
+from app.engine.vllm.to_vllm import sampling_params
 from app.errors import InvalidRequest
-from app.protocol import ChatCompletionRequest, CompletionRequest
-from app.vllm_engine import _sampling_params
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
 
 LIMITS = LimitsConfig(max_tokens=64, default_max_tokens=16, max_n=4, max_stop_sequences=4)
 COMPARED = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "bad_words",
@@ -97,7 +98,7 @@ def our_params(kind: str, body: dict[str, Any]):
     except (ValidationError, InvalidRequest):
         return None, None
     try:
-        return params, _sampling_params(params)  # vLLM's own checks run here, as the engine would run them
+        return params, sampling_params(params)  # vLLM's own checks run here, as the engine would run them
     except (VLLMValidationError, ValueError, TypeError):
         return params, None
 

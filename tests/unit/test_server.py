@@ -8,7 +8,9 @@ import re
 import pytest
 
 from app.config import ServiceConfig
-from app.engine import Admitted, GenerationDelta, PromptInput
+from app.engine.fake import FakeEngine
+from app.engine.fake_model import ANSWER
+from app.engine.interface import Admitted, GenerationDelta, PromptInput
 from app.errors import (
     ContextLengthExceeded,
     InvalidRequest,
@@ -17,8 +19,7 @@ from app.errors import (
     RequestTimeout,
     ServiceUnavailable,
 )
-from app.fake_engine import ANSWER, FakeEngine
-from app.host import EngineHost
+from app.host.engine_host import EngineHost
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_MODEL_LEN, make_config, make_request
 
 
@@ -272,7 +273,7 @@ class DeadOnceEngine(FakeEngine):
     """Raises EngineDead from generate, while its own check_health still passes: the host must remember."""
 
     async def generate(self, request_id, prompt_token_ids, params):
-        from app.engine import EngineDead
+        from app.engine.interface import EngineDead
 
         raise EngineDead("lost the worker process")
         yield  # pragma: no cover

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
-from app.serving_router import avoided, not_avoided, pick_two
+from app.engine.fake import FakeEngine
+from app.host.engine_host import EngineHost
+from app.rayserve.request_router import avoided, not_avoided, pick_two
 from tests.support.fake_stack import make_config
 
 

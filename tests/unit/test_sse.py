@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app import sse
+from app.http import sse
 from tests.support.sse import parse
 
 

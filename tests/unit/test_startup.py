@@ -8,10 +8,10 @@ import threading
 import httpx
 import pytest
 
+from app.engine.fake import FakeEngine
 from app.errors import ServiceUnavailable
-from app.fake_engine import FakeEngine
-from app.host import EngineHost
-from app.ingress import create_app
+from app.host.engine_host import EngineHost
+from app.http.ingress import create_app
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config, make_request
 from tests.support.waiting import until
 

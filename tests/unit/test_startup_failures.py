@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from app import cli
-from app.model_store import resolve_source
+from app.cli import main as cli
+from app.engine.model_store import resolve_source
 from tests.support.fake_stack import REPO_ROOT
 
 

@@ -1,4 +1,4 @@
-"""vLLM's `structured_outputs` on chat and completions (app/structured_outputs.py): exactly one constraint, each
+"""vLLM's `structured_outputs` on chat and completions (app/openai/structured_outputs.py): exactly one constraint, each
 bounded; it becomes the engine's constraint; `response_format` replaces a JSON one and conflicts with any other;
 forced tool calls and it are vLLM's 400; the engine's refusal to compile one names `structured_outputs`. The
 real engine's output under each kind: tests/integration/test_sampling_extensions.py."""
@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 from vllm.sampling_params import StructuredOutputsParams
 
-from app import vllm_engine
-from app.engine import GenerationParams
-from app.protocol import ChatCompletionRequest, CompletionRequest
-from app.structured_outputs import MAX_CHOICES, MAX_REGEX_CHARS
+from app.engine.interface import GenerationParams
+from app.engine.vllm import refusals, to_vllm
+from app.openai.chat import ChatCompletionRequest
+from app.openai.completions import CompletionRequest
+from app.openai.structured_outputs import MAX_CHOICES, MAX_REGEX_CHARS
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config
 
@@ -33,7 +34,7 @@ def test_each_kind_becomes_the_engine_s_constraint(constraint, field, value):
         params = model.model_validate(body).to_params(LIMITS)
         assert getattr(params, field) == value
         assert params.json_schema_param == "structured_outputs"
-    sampling = vllm_engine._sampling_params(params).structured_outputs
+    sampling = to_vllm.sampling_params(params).structured_outputs
     assert isinstance(sampling, StructuredOutputsParams)
     assert getattr(sampling, "json" if field == "json_schema" else field) == (list(value) if field == "choice"
                                                                              else value)
@@ -78,7 +79,7 @@ async def test_the_fake_engine_answers_within_the_constraint(client):
 
 
 def test_an_engine_refusal_of_a_constraint_names_structured_outputs():
-    refused = vllm_engine._refusal(ValueError("grammar could not be compiled"),
+    refused = refusals.refusal(ValueError("grammar could not be compiled"),
                                    GenerationParams(max_tokens=2, grammar="root ::= x",
                                                     json_schema_param="structured_outputs"))
     assert getattr(refused, "param", None) == "structured_outputs"

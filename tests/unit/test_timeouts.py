@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from app.fake_engine import FakeEngine
+from app.engine.fake import FakeEngine
 from tests.support import sse
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config
 from tests.support.waiting import until

@@ -14,13 +14,14 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
 from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-from app import vllm_engine
 from app.config import LimitsConfig
-from app.engine import ChoiceDelta, GenerationDelta, GenerationParams, ToolCallDelta
+from app.engine.interface import ChoiceDelta, GenerationDelta, GenerationParams, ToolCallDelta
+from app.engine.vllm import from_vllm, refusals
 from app.errors import InvalidRequest
-from app.protocol import MAX_TOOLS, MAX_TOOLS_SCHEMA_CHARS
-from app.responses import ChatShape, Responder
-from app.tool_calls import ForcedCalls, forced_schema
+from app.openai.answers import Responder
+from app.openai.chat_messages import MAX_TOOLS, MAX_TOOLS_SCHEMA_CHARS
+from app.openai.choice_shapes import ChatShape
+from app.openai.tool_calls import ForcedCalls, forced_schema
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config
 from tests.support.request_models import chat
@@ -337,9 +338,9 @@ async def test_bad_tool_bodies_are_openai_shaped_400s(client, body, param):
 
 def test_an_engine_refusal_of_a_forcing_schema_names_tools():
     params = GenerationParams(max_tokens=4, json_schema={"type": "array"}, json_schema_param="tools")
-    refusal = vllm_engine._refusal(ValueError("grammar failed"), params)
+    refusal = refusals.refusal(ValueError("grammar failed"), params)
     assert isinstance(refusal, InvalidRequest) and refusal.param == "tools"
-    plain = vllm_engine._refusal(ValueError("grammar failed"), GenerationParams(max_tokens=4, json_schema={}))
+    plain = refusals.refusal(ValueError("grammar failed"), GenerationParams(max_tokens=4, json_schema={}))
     assert not isinstance(plain, InvalidRequest)
 
 
@@ -351,7 +352,7 @@ class _Vocab:
 
 
 def test_auto_calls_through_vllms_hermes_parser():
-    from app.vllm_tool_parsing import AutoToolCalls, parser_class
+    from app.engine.vllm.tool_parsing import AutoToolCalls, parser_class
 
     parser = AutoToolCalls(parser_class("hermes"), _Vocab(), tuple(TOOLS))
     assert parser.adjust(True) is False  # Hermes needs its special tokens in the text, as vLLM lets it say
@@ -366,7 +367,7 @@ def test_auto_calls_through_vllms_hermes_parser():
 
 
 def test_an_unknown_parser_name_fails_the_engine_start():
-    from app.vllm_tool_parsing import parser_class
+    from app.engine.vllm.tool_parsing import parser_class
 
     with pytest.raises(ValueError, match="hermes"):
         parser_class("no-such-parser")
@@ -375,7 +376,7 @@ def test_an_unknown_parser_name_fails_the_engine_start():
 def test_the_vllm_engine_turns_parsed_calls_into_neutral_deltas():
     from vllm.outputs import CompletionOutput
 
-    from app.vllm_tool_parsing import AutoToolCalls, parser_class
+    from app.engine.vllm.tool_parsing import AutoToolCalls, parser_class
 
     parsers = [AutoToolCalls(parser_class("hermes"), _Vocab(), tuple(TOOLS))]
     text = '<tool_call>{"name": "ping", "arguments": {}}</tool_call>'
@@ -383,7 +384,7 @@ def test_the_vllm_engine_turns_parsed_calls_into_neutral_deltas():
     for i in range(0, len(text), 9):
         out = CompletionOutput(index=0, text=text[i:i + 9], token_ids=[1], cumulative_logprob=None, logprobs=None,
                                finish_reason="stop" if i + 9 >= len(text) else None)
-        delta = vllm_engine._with_tool_calls(vllm_engine._choice_delta(out, None), out, parsers)
+        delta = from_vllm.with_tool_calls(from_vllm.choice_delta(out, None), out, parsers)
         assert delta.text == "" and delta.num_tokens == 1
         calls += delta.tool_calls
     assert calls[0].name == "ping" and calls[0].id is not None

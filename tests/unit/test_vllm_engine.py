@@ -13,10 +13,11 @@ from vllm.outputs import CompletionOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from app import vllm_engine
-from app.engine import EngineDead, EngineFailed, EngineRejected, GenerationParams
+from app.engine.interface import EngineDead, EngineFailed, EngineRejected, GenerationParams
+from app.engine.vllm import engine as vllm_engine
+from app.engine.vllm.from_vllm import choice_delta, finite, token_logprobs
+from app.engine.vllm.to_vllm import sampling_params
 from app.errors import InvalidRequest
-from app.vllm_engine import _choice_delta, _finite, _logprobs, _sampling_params
 
 EOS = 2  # a token id standing for end-of-sequence
 
@@ -26,7 +27,7 @@ EOS = 2  # a token id standing for end-of-sequence
 def test_sampling_params_carry_every_neutral_field():
     params = GenerationParams(max_tokens=7, n=3, temperature=0.5, top_p=0.9, stop=("a", "bc"), seed=11,
                               presence_penalty=0.25, frequency_penalty=-0.5, logprobs=2, ignore_eos=True)
-    sp = _sampling_params(params)
+    sp = sampling_params(params)
     assert isinstance(sp, SamplingParams)
     assert (sp.n, sp.max_tokens, sp.temperature, sp.top_p, sp.seed) == (3, 7, 0.5, 0.9, 11)
     assert sp.stop == ["a", "bc"]
@@ -37,30 +38,30 @@ def test_sampling_params_carry_every_neutral_field():
 
 
 def test_sampling_params_defaults_leave_vllm_defaults():
-    sp = _sampling_params(GenerationParams(max_tokens=4))
+    sp = sampling_params(GenerationParams(max_tokens=4))
     assert sp.stop == [] and sp.seed is None and sp.logprobs is None and sp.ignore_eos is False
     assert sp.n == 1 and sp.temperature == 1.0 and sp.top_p == 1.0
 
 
 def test_sampling_params_structured_output():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    by_schema = _sampling_params(GenerationParams(max_tokens=4, json_schema=schema)).structured_outputs
+    by_schema = sampling_params(GenerationParams(max_tokens=4, json_schema=schema)).structured_outputs
     assert by_schema is not None and by_schema.json == schema and not by_schema.json_object
-    any_object = _sampling_params(GenerationParams(max_tokens=4, json_object=True)).structured_outputs
+    any_object = sampling_params(GenerationParams(max_tokens=4, json_object=True)).structured_outputs
     assert any_object is not None and any_object.json_object is True and any_object.json is None
     # a schema wins over json_object (the protocol sends one or the other; the schema is the stricter)
-    both = _sampling_params(GenerationParams(max_tokens=4, json_schema=schema, json_object=True)).structured_outputs
+    both = sampling_params(GenerationParams(max_tokens=4, json_schema=schema, json_object=True)).structured_outputs
     assert both.json == schema
 
 
 # -- logprobs ----------------------------------------------------------------------------------
 
 def test_finite_clamps_minus_infinity_and_nan_only():
-    assert _finite(-math.inf) == -9999.0
-    assert _finite(math.nan) == -9999.0
-    assert _finite(-12345.0) == -9999.0
-    assert _finite(-1.5) == -1.5
-    assert _finite(0.0) == 0.0
+    assert finite(-math.inf) == -9999.0
+    assert finite(math.nan) == -9999.0
+    assert finite(-12345.0) == -9999.0
+    assert finite(-1.5) == -1.5
+    assert finite(0.0) == 0.0
 
 
 def _output(steps, finish_reason=None, stop_reason=None, flat=False, index=0) -> CompletionOutput:
@@ -90,18 +91,18 @@ def test_logprobs_chosen_token_first_then_the_top_k_by_rank_as_vllm_orders_them(
     once). With the top 2 asked for, as the engine gives them:"""
     hello = (10, 1, HELLO[2][:2])
     world = (20, 2, WORLD[2][:2])
-    out = _logprobs(_output([hello, world], flat=flat), top_k=2)
+    out = token_logprobs(_output([hello, world], flat=flat), top_k=2)
     assert [lp.token for lp in out] == ["Hel", " world"]  # the sampled token, even when it is not the top one
     assert [lp.logprob for lp in out] == [-0.1, -1.2]
     assert out[0].top == (("Hel", -0.1), ("He", -2.5))
     assert out[1].top == ((" world", -1.2), (" there", -0.4))
-    sampled_outside_the_top_1 = _logprobs(_output([world], flat=flat), top_k=1)
+    sampled_outside_the_top_1 = token_logprobs(_output([world], flat=flat), top_k=1)
     assert sampled_outside_the_top_1[0].top == ((" world", -1.2), (" there", -0.4))  # k + 1: completions show both
 
 
 @pytest.mark.parametrize("flat", [False, True], ids=["list-of-dicts", "flat"])
 def test_logprobs_never_carry_minus_infinity(flat):
-    out = _logprobs(_output([WORLD], flat=flat), top_k=3)
+    out = token_logprobs(_output([WORLD], flat=flat), top_k=3)
     assert out[0].top[-1] == (" masked", -9999.0)
     assert all(math.isfinite(v) for lp in out for _, v in (*lp.top, (lp.token, lp.logprob)))
 
@@ -110,22 +111,22 @@ def test_logprobs_list_the_end_of_sequence_token_as_vllm_s_server_does():
     """The token that ended the choice has its entry (with the text vLLM decodes it to), as in `vllm serve`'s
     answers (the differential run: 8 entries for 7 tokens of text); the tokens still spell the text."""
     eos = (EOS, 1, [(EOS, -0.01, "")])
-    out = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=None), top_k=1)
+    out = token_logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=None), top_k=1)
     assert [lp.token for lp in out] == ["Hel", ""]
-    by_stop_token = _logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), top_k=1)
+    by_stop_token = token_logprobs(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), top_k=1)
     assert [lp.token for lp in by_stop_token] == ["Hel", ""]
 
 
 def test_logprobs_keep_the_last_token_when_a_stop_string_or_the_length_ended_it():
-    by_string = _logprobs(_output([HELLO, WORLD], finish_reason="stop", stop_reason="wor"), top_k=1)
+    by_string = token_logprobs(_output([HELLO, WORLD], finish_reason="stop", stop_reason="wor"), top_k=1)
     assert [lp.token for lp in by_string] == ["Hel", " world"]
-    by_length = _logprobs(_output([HELLO, WORLD], finish_reason="length"), top_k=1)
+    by_length = token_logprobs(_output([HELLO, WORLD], finish_reason="length"), top_k=1)
     assert [lp.token for lp in by_length] == ["Hel", " world"]
 
 
 def test_logprobs_of_an_output_without_any():
     bare = CompletionOutput(index=0, text="x", token_ids=[5], cumulative_logprob=None, logprobs=None)
-    assert _logprobs(bare, top_k=2) == ()
+    assert token_logprobs(bare, top_k=2) == ()
 
 
 # -- finish reasons ----------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def test_logprobs_of_an_output_without_any():
 def test_choice_delta_normal_finish_reasons(vllm_reason, ours):
     out = CompletionOutput(index=1, text="ab", token_ids=[3, 4], cumulative_logprob=None, logprobs=None,
                            finish_reason=vllm_reason, stop_reason="x" if vllm_reason == "stop" else None)
-    delta = _choice_delta(out, logprobs=None)
+    delta = choice_delta(out, logprobs=None)
     assert (delta.index, delta.text, delta.num_tokens, delta.finish_reason, delta.logprobs) == (1, "ab", 2, ours, None)
 
 
@@ -144,18 +145,18 @@ def test_choice_delta_abort_and_error_are_failures_not_stop(vllm_reason):
     out = CompletionOutput(index=0, text="cut sh", token_ids=[1, 2], cumulative_logprob=None, logprobs=None,
                            finish_reason=vllm_reason)
     with pytest.raises(EngineFailed, match=f"choice 0 with finish reason '{vllm_reason}'"):
-        _choice_delta(out, logprobs=None)
+        choice_delta(out, logprobs=None)
 
 
 def test_choice_delta_with_logprobs():
-    delta = _choice_delta(_output([(10, 1, HELLO[2][:1])], finish_reason="length"), logprobs=1)
+    delta = choice_delta(_output([(10, 1, HELLO[2][:1])], finish_reason="length"), logprobs=1)
     assert delta.finish_reason == "length" and delta.num_tokens == 1
     assert [(lp.token, lp.logprob, lp.top) for lp in delta.logprobs] == [("Hel", -0.1, (("Hel", -0.1),))]
 
 
 # -- generate around a stand-in for AsyncLLM ---------------------------------------------------
 
-class _Request:
+class SamplingRequest:
     def __init__(self, outputs):
         self.outputs = outputs
 
@@ -176,7 +177,7 @@ class StandInLLM:
     async def generate(self, prompt, sampling, request_id, priority=0):
         self.sampling, self.priority = sampling, priority
         for choices in self.outputs:
-            yield _Request(choices)
+            yield SamplingRequest(choices)
         if self.fail is not None:
             raise self.fail from self.cause
 
@@ -257,7 +258,7 @@ async def test_per_request_failure_is_not_engine_death(engine, cause, errored, e
 
 def test_choice_delta_carries_what_stopped_it_as_vllm_s_stop_reason():
     eos = (EOS, 1, [(EOS, -0.01, "")])
-    assert _choice_delta(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), 1).stop_reason == EOS
-    assert _choice_delta(_output([HELLO], finish_reason="stop", stop_reason="\n"), 1).stop_reason == "\n"
-    assert _choice_delta(_output([HELLO], finish_reason="stop", stop_reason=None), 1).stop_reason is None
-    assert _choice_delta(_output([HELLO], finish_reason="length"), 1).stop_reason is None
+    assert choice_delta(_output([HELLO, eos], finish_reason="stop", stop_reason=EOS), 1).stop_reason == EOS
+    assert choice_delta(_output([HELLO], finish_reason="stop", stop_reason="\n"), 1).stop_reason == "\n"
+    assert choice_delta(_output([HELLO], finish_reason="stop", stop_reason=None), 1).stop_reason is None
+    assert choice_delta(_output([HELLO], finish_reason="length"), 1).stop_reason is None

@@ -1,0 +1,255 @@
+"""A deterministic engine behind the `Engine` interface, for fast tests.
+
+One token is one byte of UTF-8 for prompts (a vocabulary of 256 ids, which token ids in
+`logit_bias`, `allowed_token_ids` and `stop_token_ids` must be within, as vLLM checks them);
+the output is a fixed sentence of word tokens (then end-of-sequence), numbered words when
+`ignore_eos` is set, and numbered words after the sentence until `min_tokens`. Stop strings
+end the text before them, or after them with `include_stop_str_in_output`; vLLM's other
+sampling extensions are accepted and have no effect.
+Embeddings (`embed`): a vector of `EMBEDDING_SIZE` values computed from the token ids (each id at its position),
+L2-normalized as vLLM's pooler normalizes, every value a float32 (so base64's float32 round-trips exactly);
+`matryoshka` says whether `dimensions` may shorten it (and to which sizes).
+`token_delay_s` makes generation take time, so admission and cancellation can be
+tested; `kill()` makes it behave like a dead engine.
+
+Tests wait for what the engine does, never for a fixed time: `await engine.wait_started()`,
+`await engine.wait_running(n)` (n requests inside `generate` at once) and
+`await engine.wait_aborted(request_id)` (or a count) return as soon as that is true and raise
+`TimeoutError` if it is not within `timeout_s`. They work from any event loop or thread (the engine
+may be driven by another thread's loop, or started in a background thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from app.engine.fake_model import (
+    EMBEDDING_SIZE,
+    VOCAB_SIZE,
+    answer_words,
+    auto_call,
+    calls_text,
+    check_params,
+    float32,
+    prompt_logprobs,
+)
+from app.engine.fake_waits import EngineWaits
+from app.engine.interface import (
+    ChoiceDelta,
+    EmbeddingFacts,
+    EngineDead,
+    EngineRejected,
+    EngineStats,
+    GenerationDelta,
+    GenerationParams,
+    TokenLogprob,
+    ToolCallDelta,
+)
+from app.errors import InvalidRequest
+
+CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+
+
+class FakeEngine(EngineWaits):
+    def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0,
+                 matryoshka: bool | tuple[int, ...] = False):
+        super().__init__()
+        self.max_model_len = max_model_len
+        self.matryoshka = matryoshka
+        self._kv_cache_tokens = kv_cache_tokens
+        self.token_delay_s = token_delay_s
+        self.running: set[str] = set()
+        self.aborted: list[str] = []
+        self.started = False
+        self.started_event = threading.Event()  # set by start(); stays set
+        self.dead = False
+        self._generated = 0
+        self._cache_queries = self._cache_hits = 0
+        self._seen_prompts: list[tuple[int, ...]] = []  # the prefix cache it pretends to have (the latest prompts)
+        self._prompted = 0
+
+    def start(self) -> None:
+        self.started = True
+        self.started_event.set()
+        self._changed()
+
+    # -- the Engine interface ----------------------------------------------------------------
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self._kv_cache_tokens
+
+    @property
+    def max_token_chars(self) -> int:
+        return 1  # one token per UTF-8 byte, and a character is at least one byte
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **template: Any) -> list[int]:
+        text = "".join(f"<|{m['role']}|>{m['content']}{calls_text(m)}\n" for m in messages)
+        if template.get("continue_final_message"):
+            text = text[:-1]  # the final message left open
+        elif template.get("add_generation_prompt", True):
+            text += "<|assistant|>"
+        extra = {k: v for k, v in template.items() if k not in ("add_generation_prompt", "continue_final_message")}
+        if extra:
+            text = "".join(f"<|{k}={v}|>" for k, v in sorted(extra.items())) + text
+        if tools:  # the names only: the fake model's context is small
+            text = "<|tools|>" + ",".join(t.get("function", {}).get("name", "") for t in tools) + "\n" + text
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", errors="replace"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
+
+    async def _step(self) -> None:
+        """One engine step's time (`token_delay_s`, or a yield to the loop), then dead if it was killed meanwhile."""
+        await asyncio.sleep(self.token_delay_s or 0)
+        if self.dead:
+            raise EngineDead("fake engine died mid-request")
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        if self.dead:
+            raise EngineDead("fake engine is dead")
+        if params.json_schema is not None:
+            try:
+                import jsonschema
+
+                jsonschema.Draft202012Validator.check_schema(params.json_schema)
+            except Exception as err:
+                if params.json_schema_param != "response_format":  # vLLM's engine names the tools the same way
+                    raise InvalidRequest(f"invalid JSON schema: {err}", param=params.json_schema_param) from None
+                raise EngineRejected(f"invalid JSON schema: {err}") from None
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise EngineRejected("prompt plus max_tokens exceeds max_model_len")
+        check_params(params)
+        self.running.add(request_id)
+        self._prompted += len(prompt_token_ids)
+        cached = self._cached(tuple(prompt_token_ids))
+        self._changed()
+        try:
+            plans = [answer_words(params, i) for i in range(params.n)]
+            texts = ["" for _ in plans]
+            done = [False for _ in plans]
+            step = 0
+            while not all(done):
+                await self._step()
+                choices = []
+                for i, words in enumerate(plans):
+                    if done[i]:
+                        continue
+                    word = words[step] if step < len(words) else ""
+                    texts[i] += word
+                    finish = None
+                    stop_at = min((texts[i].find(s) for s in params.stop if s in texts[i]), default=-1)
+                    if stop_at >= 0:
+                        if params.include_stop_str_in_output:  # the text ends after the stop string instead
+                            stop_at += len(next(s for s in params.stop if texts[i].find(s) == stop_at))
+                        cut = len(texts[i]) - stop_at  # characters of this word at or past the stop string
+                        word = word[: len(word) - cut] if len(texts[i]) - len(word) <= stop_at else ""
+                        finish = "stop"
+                    elif step + 1 >= params.max_tokens:
+                        finish = "length"
+                    elif step + 1 >= len(words):
+                        finish = "stop"
+                    logprobs = None
+                    if params.logprobs is not None:
+                        name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else word
+                        top = tuple((f"token_id:{VOCAB_SIZE - 1 - k}" if params.tokens_as_ids else f"alt{k}", -1.0 - k)
+                                    for k in range(params.logprobs))
+                        ranked = ((name, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
+                        logprobs = (TokenLogprob(token=name, logprob=-0.5, top=ranked),)
+                    calls: tuple[ToolCallDelta, ...] = ()
+                    if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
+                        calls = (auto_call(params.auto_tools[0], i),)
+                    choices.append(
+                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs,
+                                    tool_calls=calls,
+                                    token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
+                    )
+                    self._generated += 1
+                    done[i] = finish is not None
+                first = step == 0
+                step += 1
+                yield GenerationDelta(choices=tuple(choices),
+                                      prompt_token_ids=tuple(prompt_token_ids) if first and params.return_token_ids
+                                      else None,
+                                      cached_tokens=cached if first else None,
+                                      prompt_logprobs=prompt_logprobs(prompt_token_ids, params, self.decode) if first
+                                      else None,
+                                      prompt_first_token=self.decode(list(prompt_token_ids[:1]))
+                                      if first and params.prompt_logprobs is not None and prompt_token_ids else None)
+        finally:
+            self.running.discard(request_id)
+            self._changed()
+
+    @property
+    def embedding_facts(self) -> EmbeddingFacts:
+        sizes = self.matryoshka if isinstance(self.matryoshka, tuple) else None
+        return EmbeddingFacts(size=EMBEDDING_SIZE, matryoshka=bool(self.matryoshka), dimensions=sizes)
+
+    async def embed(self, request_id: str, prompt_token_ids: list[int], dimensions: int | None) -> tuple[float, ...]:
+        if self.dead:
+            raise EngineDead("fake engine is dead")
+        invalid = [t for t in prompt_token_ids if not 0 <= t < VOCAB_SIZE]
+        if invalid:  # vLLM's renderer refuses such a prompt as it is added
+            raise EngineRejected(f"Token id {invalid[0]} is out of vocabulary")
+        self.running.add(request_id)
+        self._prompted += len(prompt_token_ids)
+        self._changed()
+        try:
+            await self._step()
+            values = [sum(math.sin((t + 1) * (k + 1) * 0.37 + p * 0.11) for p, t in enumerate(prompt_token_ids))
+                      for k in range(EMBEDDING_SIZE)]
+            values = values[:dimensions] if dimensions else values  # Matryoshka: the first values, renormalized
+            norm = math.sqrt(sum(v * v for v in values)) or 1.0
+            return tuple(float32(v / norm) for v in values)
+        finally:
+            self.running.discard(request_id)
+            self._changed()
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.running.discard(request_id)
+        self._changed()
+
+    async def check_health(self) -> None:
+        if self.dead:
+            raise EngineDead("fake engine is dead")
+
+    def _cached(self, prompt: tuple[int, ...]) -> int:
+        """As vLLM's prefix cache: whole blocks of `prompt` shared with an earlier prompt, never all of it (the
+        last token is always computed)."""
+        shared = 0
+        for seen in self._seen_prompts:
+            pairs = enumerate(zip(prompt, seen, strict=False))
+            n = next((k for k, (a, b) in pairs if a != b), min(len(prompt), len(seen)))
+            shared = max(shared, n)
+        hit = min(shared, len(prompt) - 1) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
+        self._seen_prompts = [*self._seen_prompts[-31:], prompt]
+        self._cache_queries += len(prompt)
+        self._cache_hits += hit
+        return hit
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.running), prompt_tokens_total=self._prompted, generation_tokens_total=self._generated,
+            prefix_cache_queries_total=self._cache_queries, prefix_cache_hits_total=self._cache_hits
+        )
+
+    def kill(self) -> None:
+        self.dead = True
+        self._changed()
+
+    def shutdown(self) -> None:
+        self.started = False
+        self._changed()
+
+

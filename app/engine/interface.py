@@ -1,0 +1,305 @@
+"""The Engine interface and the neutral types that cross it: the one seam between serving and inference.
+
+`EngineHost` (host/engine_host.py) talks to an engine only through `Engine`, which it is given by its
+constructor; `VLLMEngine` (engine/vllm/engine.py) and `FakeEngine` (engine/fake.py) both implement it,
+and `rayserve.replicas.make_engine` picks one. The request types (`PromptInput`, `GenerateRequest`,
+`Admitted`) and the output types here are all that crosses this seam and the Ray handle: no
+vLLM, FastAPI or OpenAI wire types. This module imports neither of its implementations.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling settings after validation against the model's limits."""
+
+    max_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # None: none; k: the chosen token plus k alternatives
+    ignore_eos: bool = False
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    # vLLM's other structured-output constraints (app/openai/structured_outputs.py); at most one of all five is set.
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    max_tokens_is_default: bool = False  # the client did not ask; may shrink to fit the context
+    # vLLM's sampling and decoding extensions (docs/api.md), each at vLLM's no-op default.
+    top_k: int = 0  # 0 (or -1): every token
+    min_p: float = 0.0
+    min_tokens: int = 0  # end-of-sequence and stop token ids are masked until this many tokens
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    allowed_token_ids: tuple[int, ...] | None = None  # None: any token; never empty
+    bad_words: tuple[str, ...] = ()
+    # The request parameter the constraint came from, which a refusal of it names: "tools" when it forces tool
+    # calls (app/openai/tool_calls.py), "structured_outputs", or "response_format".
+    json_schema_param: str = "response_format"
+    # tool_choice "auto": the request's tools (OpenAI's JSON objects, plain data), for the model's tool-call
+    # parser to find the calls the model writes in its own format; None: no parsing.
+    auto_tools: tuple[dict[str, Any], ...] | None = None
+    return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, with this many alternatives
+    priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """Exactly one of: chat messages (templated by the engine host), text, or token ids.
+
+    A message is a plain dict as chat templates take it: `role`, `content` (text), and where present `name`,
+    `tool_calls` (each `{"id", "type", "function": {"name", "arguments": dict}}`) and `tool_call_id`. `tools`
+    (OpenAI's tool objects) go to the chat template as its `tools`."""
+
+    messages: tuple[dict[str, Any], ...] | None = None
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    # How the chat template renders `messages` (vLLM's chat extensions): the assistant's turn opened at the end,
+    # or the final (assistant) message left open to be continued; `template_kwargs`: extra template variables.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # vLLM's truncate_prompt_tokens: keep only this many of the prompt's token ids (-1: the context less one),
+    # the last ones ("left") or the first ("right"); None: no truncation.
+    truncate_to: int | None = None
+    truncation_side: str = "left"
+    # The request parameter the prompt came in, which a 400 about it names; "": `messages` or `prompt`.
+    param: str = ""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the ingress sends an engine replica: the neutral form of one API request."""
+
+    request_id: str
+    prompt: PromptInput
+    params: GenerationParams
+    # Seconds the whole request may still take, counted from when the replica receives it. A duration,
+    # not a wall-clock moment: the ingress and the replica may sit on nodes whose clocks disagree.
+    timeout_s: float
+    want_prompt_text: bool = False  # completions with echo of a token-id prompt
+    trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
+    # The client's own latency targets (seconds from arrival; app/http/client_targets.py): they can only
+    # tighten the model's.
+    ttft_target_s: float | None = None
+    finish_target_s: float | None = None
+    # A continuation (app/rayserve/migration.py): the rest of a request another replica failed under, whose client has
+    # had its first token. Its prompt's last `resumed_tokens` ids are output being resumed: they count against
+    # the context, not the prompt limit, and no first-token target applies.
+    continuation: bool = False
+    resumed_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    """What the ingress sends an engine replica for /v1/embeddings: one or more inputs, admitted together (their
+    tokens summed), each an engine request of its own."""
+
+    request_id: str
+    inputs: tuple[PromptInput, ...]
+    timeout_s: float  # a duration, as GenerateRequest's
+    dimensions: int | None = None  # Matryoshka: the vectors' first `dimensions` values, renormalized
+    trace_id: str = ""
+    ttft_target_s: float | None = None  # the client's own target for the answer (an embedding is one output)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """The answer to an `EmbedRequest`: one vector per input, in input order, and the prompt tokens they cost."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EmbeddingFacts:
+    """What an embedding engine's model allows (vLLM's model config): its vectors' size, and whether (and to which
+    sizes) `dimensions` may shorten them (Matryoshka representation)."""
+
+    size: int
+    matryoshka: bool = False
+    dimensions: tuple[int, ...] | None = None  # the sizes allowed; None: any from 1 to `size`
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """First item of every engine stream: the request passed validation and admission."""
+
+    prompt_tokens: int
+    prompt_text: str | None = None
+    replica: str = ""  # the engine replica's id, across the Ray handle (logged when a request moves)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def new_call_id() -> str:
+    """A tool call's id, as vLLM makes them."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of one tool call in OpenAI's stream shape: the first piece of call `index` has its id and name,
+    later pieces only more argument text."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptTokenLogprob:
+    token_id: int
+    logprob: float
+    rank: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class ChoiceDelta:
+    """New output of one choice since the previous delta."""
+
+    index: int
+    text: str
+    num_tokens: int
+    # "stop" | "length" | None while running. An engine that aborted or failed a choice raises
+    # instead (EngineDead / EngineFailed), so a cut-short answer never reads as a normal "stop".
+    finish_reason: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is then only
+    # what the model wrote besides them.
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    token_ids: tuple[int, ...] | None = None  # with return_token_ids: this piece's token ids
+    # vLLM's: what ended a "stop" choice, the stop token id or the stop string (None: end-of-sequence, or running)
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    choices: tuple[ChoiceDelta, ...]
+    prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
+    # Prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens), on the first delta only.
+    cached_tokens: int | None = None
+    # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
+    # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
+    prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
+    # With prompt_logprobs, on the first delta: the first prompt token's text (it has no logprob; completions'
+    # `echo` with `logprobs` lists it first, as vLLM's server does).
+    prompt_first_token: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine is doing now, as it reports it."""
+
+    running: int = 0  # requests inside the engine (vLLM: unfinished requests)
+    waiting: int = 0  # requests the engine's scheduler holds waiting
+    kv_cache_usage: float = 0.0  # fraction of KV cache blocks in use
+    preemptions_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter, tokens)
+    prefix_cache_hits_total: int = 0  # ... and found there
+    extra: dict[str, float] = field(default_factory=dict)
+    # How the engine was set up on this machine (decided at start): the dtype it computes in and why,
+    # and on a CPU the cores its workers compute on and the cores left to the front end.
+    dtype: str = ""
+    dtype_reason: str = ""
+    compute_cores: tuple[int, ...] = ()
+    front_end_cores: tuple[int, ...] = ()
+
+
+class EngineDead(Exception):
+    """The engine cannot serve any more; the replica must be replaced."""
+
+
+class EngineRejected(Exception):
+    """The engine refused a request as invalid (e.g. a schema it cannot compile)."""
+
+
+class EngineFailed(Exception):
+    """The engine ended one request without finishing it (vLLM's finish reason `abort` or `error`)
+    while the engine itself stays usable."""
+
+
+class Engine(Protocol):
+    """A text-generation (or embedding) engine owned by one replica.
+
+    Lifecycle: `start()` once (blocking, loads the model), then any number of
+    concurrent `generate` calls, then `shutdown()` once. A `generate` iterator
+    that is closed early must be followed by `abort(request_id)`; the host does
+    that in a `finally`.
+    """
+
+    def start(self) -> None: ...
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """How many tokens the KV cache holds; known after `start()`."""
+        ...
+
+    @property
+    def max_token_chars(self) -> int:
+        """The longest token of the vocabulary in characters (known after `start()`): any text has at least
+        len(text) / max_token_chars tokens, so a prompt certainly over a limit is refused without tokenizing."""
+        ...
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    **template: Any) -> list[int]:
+        """Apply the chat template (with `tools` if any) and tokenize. `template`: `add_generation_prompt`
+        (default true), `continue_final_message` (default false) and any extra template variables."""
+        ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
+    ) -> AsyncGenerator[GenerationDelta, None]: ...
+
+    @property
+    def embedding_facts(self) -> EmbeddingFacts | None:
+        """The model's embedding size and Matryoshka sizes (known after `start()`); None for a generating engine."""
+        ...
+
+    async def embed(self, request_id: str, prompt_token_ids: list[int], dimensions: int | None) -> tuple[float, ...]:
+        """The prompt's embedding (an engine started for embeddings); aborted by `abort(request_id)` like `generate`.
+        `EngineRejected` for a prompt the engine refuses (e.g. out-of-vocabulary ids)."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def check_health(self) -> None:
+        """Cheap liveness check; raises `EngineDead` if the engine cannot serve."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    def shutdown(self) -> None:
+        """Stop the engine and every process it started."""
+        ...

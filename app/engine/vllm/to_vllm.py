@@ -1,0 +1,80 @@
+"""Neutral requests into vLLM's types: the engine's arguments from the model's config, and `GenerationParams`
+as vLLM's `SamplingParams`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+from app.config import ModelConfig
+from app.engine.cpu.precision import Dtype
+from app.engine.interface import (
+    GenerationParams,
+)
+from app.engine.model_store import resolve_source
+
+
+def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
+    """vLLM's arguments for `model`; `dtype` is `engine.dtype` as resolved for this machine (cpu/precision.py)."""
+    e = model.engine
+    # An embedding model: vLLM's pooling runner, converting a causal LM into an embedding model (its pooler: the
+    # last token's hidden state, L2-normalized), as `vllm serve --runner pooling --convert embed`.
+    runner: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
+    return AsyncEngineArgs(
+        **runner,
+        model=resolve_source(model.source),
+        served_model_name=model.id,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        dtype=dtype,
+        enforce_eager=e.enforce_eager,
+        seed=e.seed,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        tensor_parallel_size=e.tensor_parallel_size,
+        trust_remote_code=e.trust_remote_code,
+        max_logprobs=max(model.limits.max_logprobs, 1),
+    )
+
+
+def sampling_params(p: GenerationParams) -> SamplingParams:
+    structured = None
+    if p.json_schema is not None:
+        structured = StructuredOutputsParams(json=p.json_schema)
+    elif p.json_object:
+        structured = StructuredOutputsParams(json_object=True)
+    elif p.regex is not None:
+        structured = StructuredOutputsParams(regex=p.regex)
+    elif p.choice is not None:
+        structured = StructuredOutputsParams(choice=list(p.choice))
+    elif p.grammar is not None:
+        structured = StructuredOutputsParams(grammar=p.grammar)
+    return SamplingParams(
+        n=p.n,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        stop=list(p.stop) or None,
+        seed=p.seed,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        logprobs=p.logprobs,
+        ignore_eos=p.ignore_eos,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        min_tokens=p.min_tokens,
+        repetition_penalty=p.repetition_penalty,
+        stop_token_ids=list(p.stop_token_ids),
+        include_stop_str_in_output=p.include_stop_str_in_output,
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        logit_bias=dict(p.logit_bias) or None,
+        allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
+        bad_words=list(p.bad_words) or None,
+        prompt_logprobs=p.prompt_logprobs,
+    )

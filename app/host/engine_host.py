@@ -1,0 +1,325 @@
+"""EngineHost: what one engine replica does with a neutral request.
+
+It is given an `Engine` (the fake one in tests, vLLM's in production: `rayserve.replicas.make_engine`), owns the
+replica's `Admission`, and for each request: refuses at once if the queue is full (before any work), renders and
+counts the prompt, holds it to the length contract, waits for an engine slot, streams neutral deltas back (the
+`EngineRunner`), and aborts the engine request if the caller goes away, the request times out, or anything fails.
+Generation and embeddings share one admission path and one log line. The engine's lifecycle (loading, serving,
+broken, restarting in place) is the `EngineSupervisor`'s. No HTTP and no Ray here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.config import ModelConfig, ServiceConfig, tightest
+from app.engine.interface import (
+    Admitted,
+    Embeddings,
+    EmbedRequest,
+    Engine,
+    GenerateRequest,
+    GenerationDelta,
+    PromptInput,
+)
+from app.errors import InvalidRequest, ServiceError, queue_full_class, wrong_runner
+from app.host.admission import Admission, Targets, Ticket
+from app.host.pace import EnginePace, PaceStats
+from app.host.progress_watch import ProgressWatch, Stall
+from app.host.prompt_tokenizer import PromptTokenizer
+from app.host.runner import EngineRunner
+from app.host.stats import ReplicaStats
+from app.host.supervisor import EngineState, EngineSupervisor
+from app.logs import configure_logging
+
+# The logger of the one line per engine request; its name predates this module's and log queries rely on it.
+log = logging.getLogger("app.server")
+
+
+def _ms_since(start: float) -> float:
+    return round((time.monotonic() - start) * 1000, 1)
+
+
+@dataclass
+class _Visit:
+    """One admitted request's stay on this replica, as its log line tells it."""
+
+    ticket: Ticket
+    arrived: float
+    timings: dict[str, float] = field(default_factory=dict)  # ms since arrival: where a slow first token went
+    outcome: str = "client_gone"
+    generated: int = 0
+
+    def mark(self, name: str) -> None:
+        self.timings[name] = _ms_since(self.arrived)
+
+
+class EngineHost:
+    """With `start_in_background` the constructor returns at once, so a replica is up, answering 503s and
+    reporting "starting", while its engine loads; with an `engine_factory` a broken engine is restarted in place
+    (app/host/supervisor.py)."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        engine: Engine,
+        service: ServiceConfig | None = None,
+        start_in_background: bool = False,
+        engine_factory: Callable[[], Engine] | None = None,
+        progress_watch: ProgressWatch | None = None,
+    ):
+        service = service or ServiceConfig()
+        configure_logging(service.log_level)
+        self.model = model
+        dep = model.deployment
+        self.admission = Admission(
+            max_running=dep.max_ongoing_requests,
+            max_queued=dep.max_queued_requests,
+            token_budget=dep.token_budget or 2**62,  # the KV cache's size once the engine reports it
+            queue_timeout_s=dep.queue_timeout_s,
+            refusal=queue_full_class(service.refusal_status),
+            pace=EnginePace(),
+        )
+        self.prompts = PromptTokenizer(model, engine, queue_full_class(service.refusal_status))
+        self.supervisor = EngineSupervisor(model, engine, self._adopt, engine_factory, progress_watch,
+                                           self._prefill_tokens_per_s)
+        self.runner = EngineRunner(self.supervisor)
+        if start_in_background:
+            threading.Thread(target=self.supervisor.start, name=f"start-{model.id}", daemon=True).start()
+        else:
+            self.supervisor.start()
+            if self.supervisor.failure:
+                raise RuntimeError(self.supervisor.failure)
+
+    # The engine's life, as the replica and its stats read it.
+    @property
+    def engine(self) -> Engine:
+        return self.supervisor.engine
+
+    @property
+    def watch(self) -> ProgressWatch:
+        return self.supervisor.watch
+
+    @property
+    def wedged_total(self) -> int:
+        return self.supervisor.wedged_total
+
+    @property
+    def restarts_total(self) -> int:
+        return self.supervisor.restarts_total
+
+    @property
+    def last_stall(self) -> Stall | None:
+        return self.supervisor.last_stall
+
+    def _adopt(self, engine: Engine) -> int:
+        """A newly started engine serves this host's prompts; its KV cache is the token budget unless one is set."""
+        self.prompts.engine = engine
+        if not self.model.deployment.token_budget and engine.kv_cache_tokens:
+            self.admission.token_budget = engine.kv_cache_tokens
+        return self.admission.token_budget
+
+    def _prefill_tokens_per_s(self) -> float | None:
+        pace = self.admission.pace
+        if pace is None or not pace.ready:
+            return None  # the watch's generous unmeasured rate
+        return pace.stats(self.admission.stats().running).prefill_tokens_per_s
+
+    # -- the request path -------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Admitted | GenerationDelta, None]:
+        self.supervisor.require_serving()
+        if self.model.runner != "generate":
+            raise wrong_runner(self.model.id, self.model.runner, "generation")
+        # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
+        # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
+        self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
+        self.admission.refuse_if_full()
+        arrived = time.monotonic()
+        deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
+        prompt_ids = await self.prompts.tokenize(request.prompt)
+        params = self.prompts.fit_to_context(len(prompt_ids), request)
+        # A continuation's client has had its first token (app/rayserve/migration.py).
+        first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
+        finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
+        async with self._admitted(request, arrived, deadline, len(prompt_ids), params.n * params.max_tokens,
+                                  params.max_tokens, first, finish, learn_from_end=True) as visit:
+            prompt_text = (
+                self.prompts.decode_now(prompt_ids, "prompt")
+                if request.prompt.token_ids is not None and request.want_prompt_text
+                else None
+            )
+            deltas = self.runner.stream(request.request_id, prompt_ids, params, deadline)
+            try:
+                # Wait for the engine's first output before announcing admission, so that an engine-side
+                # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.
+                first_delta = await anext(deltas, None)
+                visit.mark("first_output_ms")
+                yield Admitted(prompt_tokens=len(prompt_ids), prompt_text=prompt_text)
+                if first_delta is not None:
+                    visit.generated += self._produced(visit.ticket, first_delta)
+                    yield first_delta
+                async for delta in deltas:
+                    visit.generated += self._produced(visit.ticket, delta)
+                    yield delta
+                visit.outcome = "finished"
+            finally:
+                await deltas.aclose()
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """/v1/embeddings: generation's path for a batch of inputs. Each input is held to the length contract
+        (tokenized together, on the tokenizer thread) and is an engine request of its own; the request takes one
+        admission slot and the sum of its inputs' tokens from the budget, so a batch is admitted whole or refused
+        whole (one larger than the whole budget still runs, alone, as a long prompt does)."""
+        self.supervisor.require_serving()
+        if self.model.runner != "embed":
+            raise wrong_runner(self.model.id, self.model.runner, "embeddings")
+        self._refuse_dimensions(request.dimensions)
+        for prompt in request.inputs:
+            self.prompts.refuse_certainly_too_long(prompt)
+        self.admission.refuse_if_full()
+        arrived = time.monotonic()
+        deadline = asyncio.get_running_loop().time() + request.timeout_s
+        prompts_ids = await self.prompts.tokenize_all(request.inputs)
+        for ids, prompt in zip(prompts_ids, request.inputs, strict=True):
+            self.prompts.refuse_long_prompt(len(ids), prompt)
+        tokens = sum(len(ids) for ids in prompts_ids)
+        # One output per input and no decode: to the pace (app/host/pace.py) it is a prompt of `tokens` whose first
+        # output is the answer, so the first-token target holds for it as for a generation's first token. Not
+        # learnt from at its end: its one output would teach the pace that requests use all of their max_tokens.
+        first = tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
+        async with self._admitted(request, arrived, deadline, tokens, 0, 1, first, None, learn_from_end=False,
+                                  inputs=len(request.inputs)) as visit:
+            vectors = await self.runner.embed_all(request, prompts_ids, deadline)
+            visit.ticket.produced(1)
+            visit.mark("first_output_ms")
+            visit.outcome = "finished"
+            return Embeddings(vectors=vectors, prompt_tokens=tokens)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, request: GenerateRequest | EmbedRequest, arrived: float, deadline: float,
+                        prompt_tokens: int, output_tokens: int, max_steps: int, first_s: float | None,
+                        finish_s: float | None, learn_from_end: bool, **logged: Any) -> AsyncIterator[_Visit]:
+        """A slot in the admission for the request's prompt and outputs, within its targets less the time already
+        spent (tokenizing); released at the end, whatever the end, with the request's one log line."""
+        visit = _Visit(self.admission.reserve(), arrived)
+        visit.mark("rendered_ms")
+        spent = time.monotonic() - arrived
+        targets = Targets(first_token_s=None if first_s is None else first_s - spent,
+                          finish_s=None if finish_s is None else finish_s - spent)
+        try:
+            await visit.ticket.admit(prompt_tokens + output_tokens, deadline - asyncio.get_running_loop().time(),
+                                     targets, prompt_tokens=prompt_tokens, max_steps=max_steps)
+            visit.mark("admitted_ms")
+            yield visit
+        except ServiceError as err:
+            visit.outcome = err.code or err.type
+            raise
+        finally:
+            visit.ticket.release(completed=learn_from_end and visit.outcome == "finished")
+            log.info("engine request", extra={
+                "request_id": request.request_id, "trace_id": request.trace_id, "model": self.model.id,
+                "outcome": visit.outcome, "prompt_tokens": prompt_tokens, "generated_tokens": visit.generated,
+                **logged, **visit.timings,
+            })
+
+    @staticmethod
+    def _produced(ticket: Ticket, delta: GenerationDelta) -> int:
+        """Tells the ticket (the pace) of an output; returns its tokens over all choices."""
+        ticket.produced(max((c.num_tokens for c in delta.choices), default=0))
+        return sum(c.num_tokens for c in delta.choices)
+
+    def _refuse_dimensions(self, dimensions: int | None) -> None:
+        """vLLM's checks of `dimensions` (PoolingParams.verify, with its messages), before any tokenizing."""
+        facts = self.engine.embedding_facts
+        if dimensions is None or facts is None:
+            return
+        name = self.model.id
+        if not facts.matryoshka:
+            raise InvalidRequest(f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
+                                 f"(received dimensions={dimensions}).", param="dimensions")
+        if not 1 <= dimensions <= facts.size:
+            raise InvalidRequest(f"Model {name!r} only supports dimensions in range [1, {facts.size}], "
+                                 f"got {dimensions}.", param="dimensions")
+        if facts.dimensions is not None and dimensions not in facts.dimensions:
+            raise InvalidRequest(f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, "
+                                 f"got {dimensions}.", param="dimensions")
+
+    # -- control plane ----------------------------------------------------
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        """/tokenize: the same size limits and capacity as generation, on the same tokenizer thread."""
+        self.supervisor.require_serving()
+        self.prompts.refuse_certainly_too_long(prompt)
+        self.admission.refuse_if_full()
+        token_ids = await self.prompts.tokenize(prompt)
+        self.prompts.refuse_long_prompt(len(token_ids), prompt)
+        return token_ids
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """/detokenize: at most a context's worth of ids, decoded on the tokenizer thread."""
+        self.supervisor.require_serving()
+        if len(token_ids) > self.model.engine.max_model_len:
+            raise InvalidRequest(
+                f"'tokens' has {len(token_ids)} ids; at most max_model_len "
+                f"({self.model.engine.max_model_len}) can be decoded at once",
+                param="tokens",
+            )
+        self.admission.refuse_if_full()
+        return await self.prompts.decode(token_ids, "tokens")
+
+    async def check_health(self) -> None:
+        await self.supervisor.check_health()
+
+    async def check_ready(self) -> None:
+        """Readiness (GET /health): raises `ServiceUnavailable` unless the engine is loaded and alive."""
+        self.supervisor.require_serving()
+        await self.supervisor.check_health()
+        self.supervisor.require_serving()
+
+    def routing_stats(self) -> dict[str, int | bool]:
+        """What Serve's router is told of this replica (rayserve/request_router.py): whether it can serve now (a
+        wedge is looked for first, so a wedged engine stops getting traffic at once; a draining replica takes
+        nothing new), and how many more requests its admission would hold before refusing."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass  # not on the event loop the requests run on: the watch's own task looks within a tick
+        else:
+            self.supervisor.look_for_stall()
+        a = self.admission.stats()
+        room = self.admission.max_running + self.admission.max_queued - a.in_system
+        return {"serving": self.supervisor.serving, "room": room}
+
+    async def stats(self) -> ReplicaStats:
+        sup = self.supervisor
+        return ReplicaStats(
+            model=self.model.id,
+            ready=sup.ready,
+            healthy=sup.healthy,
+            admission=self.admission.stats(),
+            engine=sup.engine.stats(),
+            kv_cache_tokens=sup.engine.kv_cache_tokens if sup.ready else 0,
+            pace=self.admission.pace.stats(self.admission.stats().running) if self.admission.pace else PaceStats(),
+            wedged_total=sup.wedged_total,
+            restarts_total=sup.restarts_total,
+            restarting=sup.state is EngineState.RESTARTING,
+        )
+
+    def close_admission(self) -> None:
+        self.supervisor.drain()
+        self.admission.close("the service is shutting down; retry on another instance")
+
+    def shutdown(self) -> None:
+        """Stops the engine and every process it started (the replica calls this when Serve stops it)."""
+        supervisor = getattr(self, "supervisor", None)  # None if the constructor failed before it
+        if supervisor is not None:
+            supervisor.shutdown()
+

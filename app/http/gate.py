@@ -1,0 +1,245 @@
+"""The front door's pure-ASGI middleware (`Gate`) and the two counters it consults.
+
+`Gate` runs before any route, for every request: request id, API key, header and body size, drain
+and capacity refusals, one access-log line and one metric sample per request. `Lifecycle` counts
+requests in flight for draining; `Capacity` counts generation requests in flight per model against
+what the model's replicas can hold, so a full service refuses before reading a body. Pure ASGI
+(not BaseHTTPMiddleware) so streams and client disconnects pass through untouched and the token
+path pays for no extra task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api_keys import ApiKeys
+from app.config import AppConfig
+from app.errors import (
+    HeadersTooLarge,
+    PayloadTooLarge,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+    Unauthorized,
+    queue_full_class,
+)
+from app.http.loop_lag import LoopLagProbe
+from app.http.metrics import Metrics
+from app.http.wire_json import error_response
+
+OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes need no key
+# Refused before the body is read when every model is at capacity: generation, and tokenizing (which costs
+# the same tokenizer thread).
+CAPACITY_ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize"}
+)
+# Past the request's own time limit (the host's 504 or error event comes first), a request whose client stopped
+# reading is ended here, wherever it is blocked, and its engine request aborted.
+DEADLINE_MARGIN_S = 2.0
+QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
+access_log = logging.getLogger("app.access")
+
+
+class Capacity:
+    """What this ingress has in flight per model, against what the model's replicas can hold at most
+    (replicas x (max_ongoing + max_queued)). Past that, the replicas would refuse anyway: refusing
+    here costs no Ray call, so a refusal stays cheap when it matters most, under overload. The
+    replicas' own admission remains the authority (with several ingress replicas this is per ingress)."""
+
+    def __init__(self, config: AppConfig):
+        self.limit = {
+            m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
+            for m in config.models
+        }
+        self.inflight = {m.id: 0 for m in config.models}
+        self._refusal = queue_full_class(config.service.refusal_status)
+
+    def refusal_if_all_full(self) -> ServiceError | None:
+        """Every model at capacity: any generation request would be refused, whatever its body says."""
+        if all(self.inflight[m] >= self.limit[m] for m in self.limit):
+            return self._refusal(
+                "Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1
+            )
+        return None
+
+    async def track(self, model_id: str, stream: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+        """`stream`, counted from its first `anext` until it is closed, however that happens: by the
+        end of the stream, an error, the client leaving, or garbage collection of a body never sent."""
+        if self.inflight[model_id] >= self.limit[model_id]:
+            await stream.aclose()
+            raise self._refusal(
+                f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
+                "retry after the Retry-After delay, with backoff",
+                retry_after_s=1,
+            )
+        self.inflight[model_id] += 1
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            self.inflight[model_id] -= 1
+            await stream.aclose()
+
+
+class Lifecycle:
+    """Requests in flight, and whether the service is draining for shutdown."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    async def drain(self, grace_s: float) -> int:
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
+        except TimeoutError:
+            pass
+        return self.inflight
+
+
+class Gate:
+    """Pure ASGI middleware in front of every route: request id, API key, sizes, drain, capacity."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: ApiKeys,
+        max_body_bytes: int,
+        request_timeout_s: float,
+        watch_event_loop: bool,
+        max_header_bytes: int,
+        lifecycle: Lifecycle,
+        echo_request_id: bool,
+        metrics: Metrics,
+        capacity: Capacity,
+        known_endpoints: frozenset[str],
+    ):
+        self.app = app
+        self.capacity = capacity
+        self.known_endpoints = known_endpoints  # the routes' own paths: anything else is 'other' in metrics and logs
+        self.max_header_bytes = max_header_bytes
+        self.metrics = metrics
+        self.echo_request_id = echo_request_id
+        self.keys = keys
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout_s = request_timeout_s
+        self.loop_lag = LoopLagProbe(metrics.loop_lag) if watch_event_loop else None
+        self.lifecycle = lifecycle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.loop_lag is not None:
+            self.loop_lag.start()  # on the loop that serves requests, once
+        headers = dict(scope.get("headers", ()))
+        path = route_path(scope)
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["arrived"] = started = time.perf_counter()
+        id_header = (b"x-request-id", request_id.encode("latin-1"))
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if self.echo_request_id:
+                    message = {**message, "headers": [*message.get("headers", []), id_header]}
+            await send(message)
+
+        async def refuse(err: ServiceError) -> None:
+            self.metrics.refusals.labels("-", err.code or err.type).inc()
+            await error_response(err)(scope, receive, send_with_id)
+            self._record(scope, status, started)
+
+        if self.keys and path not in OPEN_PATHS and not self.keys.accept(headers.get(b"authorization", b"")):
+            return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
+        header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
+        if header_bytes > self.max_header_bytes:
+            return await refuse(
+                HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}")
+            )
+        if self.lifecycle.draining and path != "/livez":
+            return await refuse(
+                ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
+            )
+        if path in CAPACITY_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
+            return await refuse(full)  # before reading or parsing the body: under overload most requests end here
+        too_large = PayloadTooLarge(
+            f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
+        )
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await refuse(too_large)
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise too_large
+            return message
+
+        self.lifecycle.enter()
+        try:
+            async with asyncio.timeout(self.request_timeout_s + DEADLINE_MARGIN_S):
+                await self.app(scope, limited_receive, send_with_id)
+        except TimeoutError:
+            if status == 0:  # nothing sent yet: the client still gets an answer
+                await error_response(RequestTimeout("The request ran past its time limit and was stopped"))(
+                    scope, receive, send_with_id
+                )
+            else:  # blocked writing to a client that does not read; the connection is closed after this
+                access_log.warning("request %s cut off past its time limit while writing its response", request_id)
+        finally:
+            self.lifecycle.leave()
+            self._record(scope, status, started)
+
+    def _record(self, scope: Scope, status: int, started: float) -> None:
+        """One metric sample and one access-log line per request, when it ends."""
+        path = route_path(scope)
+        endpoint = path if path in self.known_endpoints else "other"
+        model = scope["state"].get("model", "-")
+        self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        if endpoint not in QUIET_ENDPOINTS:
+            access_log.info(
+                "request",
+                extra={
+                    "request_id": scope["state"]["request_id"],
+                    "method": scope["method"],
+                    "path": endpoint,
+                    "status": status,
+                    "model": model,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: behind a Serve `route_prefix` (or any root path) `scope["path"]` still
+    carries the prefix, and `/llm/health` must be matched as `/health`."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        return str(path[len(root) :]) or "/"
+    return str(path)

@@ -1,0 +1,118 @@
+"""The HTTP front door assembled: `create_app(config, backends)` returns the FastAPI app. No vLLM here.
+
+The assembly, in order: the shared state (`IngressState`), the error handlers that give every
+failure the OpenAI error shape with its real status, the routes (`http/routes.py`, `http/ops_routes.py`),
+and `Gate` (http/gate.py) in front of them all. A backend is anything with `EngineHost`'s methods:
+the host itself in the colocated replica and in tests, `rayserve.handle_backend.HandleBackend` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api_keys import ApiKeys
+from app.config import AppConfig
+from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
+from app.http import model_routes, ops_routes, routes
+from app.http.gate import OPEN_PATHS, Capacity, Gate, Lifecycle
+from app.http.ingress_state import Backend, IngressState
+from app.http.metrics import Metrics
+from app.http.wire_json import error_response
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    config: AppConfig, backends: Mapping[str, Backend], behind_serve_proxy: bool = False, watch_event_loop: bool = False
+) -> FastAPI:
+    """The OpenAI API over `backends` (model id -> backend). `behind_serve_proxy`: Serve's HTTP proxy
+    answers the socket (see `IngressState.behind_serve_proxy`). `watch_event_loop`: run the event-loop lag
+    probe (http/loop_lag.py) on the loop that serves the first request; the replicas do, tests need not."""
+    api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
+    # Resolved where the app was built (api_keys.py), never from this replica's own environment.
+    keys = ApiKeys.of(config.service.api_keys)
+    if keys:
+        log.info(
+            "authentication on: %d API key(s); every route but %s needs one",
+            len(keys.digests),
+            ", ".join(sorted(OPEN_PATHS)),
+        )
+    else:
+        log.warning("authentication OFF: no API key configured, every route is open to whoever can connect")
+    state = IngressState(
+        config=config,
+        backends=backends,
+        metrics=Metrics(),
+        capacity=Capacity(config),
+        lifecycle=Lifecycle(),
+        behind_serve_proxy=behind_serve_proxy,
+    )
+    api.state.ingress = state
+    _add_error_handlers(api, state)
+    api.include_router(routes.router)
+    api.include_router(model_routes.router)
+    api.include_router(ops_routes.router)
+    api.add_middleware(
+        Gate,
+        keys=keys,
+        request_timeout_s=config.service.request_timeout_s,
+        watch_event_loop=watch_event_loop,
+        max_body_bytes=config.service.max_body_bytes,
+        max_header_bytes=config.service.max_header_bytes,
+        lifecycle=state.lifecycle,
+        echo_request_id=not behind_serve_proxy,
+        metrics=state.metrics,
+        capacity=state.capacity,
+        # Templated paths (/v1/models/{id}) count as 'other': the metrics' label set stays bounded.
+        known_endpoints=frozenset(r.path for r in (*routes.router.routes, *model_routes.router.routes,
+                                                         *ops_routes.router.routes)
+                                  if isinstance(r, APIRoute) and "{" not in r.path),
+    )
+    return api
+
+
+def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
+    """Every error in the OpenAI shape, with its real status; never a bare 500 or FastAPI's own shape."""
+
+    @api.exception_handler(ServiceError)
+    async def _service_error(request: Request, err: ServiceError) -> Response:
+        state.metrics.refusals.labels(getattr(request.state, "model", "-"), err.code or err.type).inc()
+        return error_response(err)
+
+    @api.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, err: RequestValidationError) -> Response:
+        first = err.errors()[0] if err.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return error_response(InvalidRequest("The request body is not valid JSON", param=None))
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "body"
+        return error_response(
+            InvalidRequest(f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param=param)
+        )
+
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+        if err.status_code == 404:
+            return error_response(
+                NotFound(f"No route {request.method} {request.url.path}; see docs/api.md for the endpoints")
+            )
+        if err.status_code == 405:
+            return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
+        if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader
+            return error_response(err.__cause__)
+        fallback = InvalidRequest(str(err.detail)) if 400 <= err.status_code < 500 else ServiceError(str(err.detail))
+        fallback.status = err.status_code  # keep the status; never turn a client error into a 500
+        return error_response(fallback)
+
+    @api.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(InternalError("The server hit an unexpected error; it has been logged"))

@@ -1,0 +1,221 @@
+"""Prometheus metrics of the ingress, and the engines' own figures, for GET /metrics.
+
+Request, refusal, disconnect and latency metrics are measured in the ingress,
+where the client's view of latency is. Engine figures (queue depth, requests in
+the engine, KV cache usage, preemptions, token counters) are read from each
+model's replica at scrape time and named as vLLM names them where they mean the
+same thing. Each app gets its own registry, so several apps (tests) never clash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from app.host.stats import ReplicaStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "app_requests",
+            "HTTP requests answered, by model, endpoint and status.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "app_refusals",
+            "Requests refused, by reason (queue_full, queue_timeout, "
+            "context_length_exceeded, request_timeout, invalid_api_key, request_too_large, ...).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.client_aborts = Counter(
+            "app_client_disconnects",
+            "Requests whose client went away before the end; their engine requests were aborted.",
+            ["model", "endpoint"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "app_time_to_first_token_seconds",
+            "From request arrival to the first generated token.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "app_inter_token_latency_seconds",
+            "Between consecutive streamed chunks.",
+            ["model"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "app_event_loop_lag_seconds",
+            "How much later than asked a 50 ms heartbeat on the HTTP process's event loop ran: the stall every "
+            "request on that loop suffered.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "app_e2e_request_latency_seconds",
+            "From request arrival to the last byte of a served request.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def render(self, replica_stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+               migrated: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
+        """`retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
+        (`HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
+        their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`)."""
+        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
+class _Snapshot:
+    """A one-off collector over stats already fetched from the engine replicas."""
+
+    def __init__(self, stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+                 migrated: Mapping[str, Mapping[str, int]] | None = None):
+        self._stats = stats
+        self._retried = retried or {}
+        self._migrated = migrated or {}
+
+    def collect(self) -> Iterable[Metric]:
+        gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+            "app_queue_depth": (
+                "Requests waiting for an engine slot in the replica's admission queue.",
+                lambda s: s.admission.waiting,
+            ),
+            "app_requests_admitted": (
+                "Requests admitted into the engine by the replica.",
+                lambda s: s.admission.running,
+            ),
+            "app_token_budget_in_use": (
+                "prompt + max_tokens of admitted requests.",
+                lambda s: s.admission.tokens_in_use,
+            ),
+            "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s.admission.token_budget),
+            "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s.healthy else 0),
+            "vllm:num_requests_running": (
+                "Requests in the engine (vLLM's unfinished requests).",
+                lambda s: s.engine.running,
+            ),
+            "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
+            "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
+            "app_prefill_tokens_per_second": (
+                "Prompt tokens the engine prefills per second, as the replica measured it (NaN: not yet).",
+                lambda s: _or_nan(s.pace.prefill_tokens_per_s),
+            ),
+            "app_decode_seconds_per_token": (
+                "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
+                lambda s: _or_nan(s.pace.decode_s_per_token),
+            ),
+            "app_predicted_time_to_first_token_seconds": (
+                "The latest arrival's predicted time to its first token (NaN: not yet predicted).",
+                lambda s: _or_nan(s.admission.predicted_first_token_s),
+            ),
+        }
+        counters: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+            "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
+            "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
+            "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
+            "vllm:prefix_cache_queries": (
+                "Prompt tokens looked up in the engine's prefix cache.",
+                lambda s: s.engine.prefix_cache_queries_total,
+            ),
+            "vllm:prefix_cache_hits": (
+                "Prompt tokens found in the engine's prefix cache (their KV reused, not computed).",
+                lambda s: s.engine.prefix_cache_hits_total,
+            ),
+            "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
+            "app_refused_queue_timeout": (
+                "Refused by the replica: waited too long.",
+                lambda s: s.admission.refused_queue_timeout,
+            ),
+            "app_refused_over_time_target": (
+                "Refused by the replica at arrival: predicted to miss its first-token or end target.",
+                lambda s: s.admission.refused_over_time_target,
+            ),
+            "app_engine_wedged": (
+                "Engines the replica declared wedged: no output past the bound of what was in them.",
+                lambda s: s.wedged_total,
+            ),
+            "app_engine_restarts": ("Engines the replica restarted in place.", lambda s: s.restarts_total),
+        }
+        for name, (doc, read) in gauges.items():
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            for model, s in self._stats.items():
+                family.add_metric([model], read(s))
+            yield family
+        for name, (doc, read) in counters.items():
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            for model, s in self._stats.items():
+                counter.add_metric([model], read(s))
+            yield counter
+        yield _by_model_and(
+            "app_requests_retried",
+            "Attempts the ingress made on another replica for a request refused (or lost) before anything was sent, "
+            "by the refusal's reason.",
+            "reason",
+            self._retried,
+        )
+        yield _by_model_and(
+            "app_requests_migrated",
+            "Choices the ingress resumed on another replica after theirs failed mid-answer (outcome 'resumed'), "
+            "and requests that could not continue elsewhere (outcome 'unresumable').",
+            "outcome",
+            self._migrated,
+        )
+
+
+def _by_model_and(name: str, doc: str, label: str, counts: Mapping[str, Mapping[str, int]]) -> CounterMetricFamily:
+    """A counter the ingress keeps per model and one more label (HandleBackend's `retried`, `migrated`)."""
+    family = CounterMetricFamily(name, doc, labels=["model_name", label])
+    for model, by_value in counts.items():
+        for value, count in sorted(by_value.items()):
+            family.add_metric([model, value], count)
+    return family
+
+
+class RequestTimer:
+    """Latency of one generation request as the client sees it; fed once per chunk."""
+
+    __slots__ = ("_metrics", "_model", "_arrived", "_last", "finished")
+
+    def __init__(self, metrics: Metrics, model: str, arrived: float):
+        self._metrics = metrics
+        self._model = model
+        self._arrived = arrived
+        self._last: float | None = None
+        self.finished = False
+
+    def token(self, now: float) -> None:
+        if self._last is None:
+            self._metrics.ttft.labels(self._model).observe(now - self._arrived)
+        else:
+            self._metrics.itl.labels(self._model).observe(now - self._last)
+        self._last = now
+
+    def done(self, now: float) -> None:
+        self.finished = True
+        self._metrics.e2e.labels(self._model).observe(now - self._arrived)
+
+    def client_left(self, endpoint: str) -> None:
+        self._metrics.client_aborts.labels(self._model, endpoint).inc()

@@ -1,0 +1,64 @@
+"""The operations routes: /livez, /health (readiness), /stats and /metrics.
+
+Probes and scrapes need no API key (`http.gate.OPEN_PATHS`) and never fail because one model's replica
+is busy or dead: each backend is asked with a timeout, and a failure counts as "not ready".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from app.host.stats import ReplicaStats
+from app.http.ingress_state import Backend, state_of
+from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+
+router = APIRouter()
+_PROBE_TIMEOUT_S = 5
+
+
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    backends = state_of(request).backends
+    results = await asyncio.gather(*(_ready(b) for b in backends.values()))
+    per_model = dict(zip(backends.keys(), results, strict=True))
+    ok = all(per_model.values())
+    return JSONResponse({"status": "ok" if ok else "unavailable", "models": per_model}, status_code=200 if ok else 503)
+
+
+@router.get("/stats")
+async def stats(request: Request) -> dict[str, Any]:
+    return {model_id: asdict(await b.stats()) for model_id, b in state_of(request).backends.items()}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def prometheus_metrics(request: Request) -> Response:
+    state = state_of(request)
+    per_model: dict[str, ReplicaStats] = {}
+    for model_id, b in state.backends.items():
+        try:
+            per_model[model_id] = await asyncio.wait_for(b.stats(), timeout=_PROBE_TIMEOUT_S)
+        except Exception:  # a dead or busy replica must not break the scrape of everything else
+            pass
+    # Only the ingress tier retries and migrates (ray_backend.HandleBackend keeps the counts); an in-process host
+    # has none.
+    retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
+    migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
+    return Response(state.metrics.render(per_model, retried, migrated), media_type=METRICS_CONTENT_TYPE)
+
+
+async def _ready(backend: Backend) -> bool:
+    try:
+        await asyncio.wait_for(backend.check_ready(), timeout=_PROBE_TIMEOUT_S)
+        return True
+    except Exception:
+        return False

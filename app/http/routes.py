@@ -1,0 +1,256 @@
+"""The OpenAI API's generation routes: chat, completions, responses, embeddings. Thin by design.
+
+Each route parses its body (protocol models), picks the model's backend, and for generation awaits
+the first item of the backend's stream, so that validation, admission and queue errors get a real
+status code before any byte is sent; then it either streams SSE or returns one JSON body.
+Response shapes are `openai/answers.py`'s; the SSE framing is `http/sse.py`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest
+from app.errors import InternalError, InvalidRequest, ServiceError, wrong_runner
+from app.http import sse
+from app.http.client_targets import client_targets
+from app.http.ingress_state import state_of
+from app.http.metrics import RequestTimer
+from app.http.wire_json import JSONBody
+from app.openai import completion_batch as batch_stream
+from app.openai import embeddings
+from app.openai.answers import Responder, StreamWriter
+from app.openai.chat import ChatCompletionRequest
+from app.openai.choice_shapes import ChatShape, CompletionShape
+from app.openai.completions import CompletionRequest
+from app.openai.responses_api import ResponsesRequest, responses_param, summary
+from app.openai.responses_events import ResponsesWriter
+
+log = logging.getLogger("app.ingress")
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; only the access log sees it
+# The OpenAPI document names both bodies a generation route answers with.
+_STREAMED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}
+}
+
+router = APIRouter()
+# Builds the object that turns one request's engine output into its API's body or stream events, from the
+# request id and the model id (known once the request is admitted).
+WriterFactory = Callable[[str, str], StreamWriter]
+
+
+@router.post("/v1/chat/completions", responses=_STREAMED)
+async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        shape = ChatShape(body.forced_tool_choice, body.echo_text, body.response_role,
+                          (body.top_logprobs or 0) if body.logprobs else None)
+        return Responder(request_id, model_id, shape, body.n,
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage,
+                         return_token_ids=bool(body.return_token_ids))
+
+    return await _generate_unless_gone(request, body, writer, "chatcmpl")
+
+
+@router.post("/v1/completions", responses=_STREAMED)
+async def completions(request: Request, body: CompletionRequest) -> Response:
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        # A batch's choices: prompt i's choice j is choice i * n + j (app/openai/completion_batch.py).
+        shape = CompletionShape(n=body.n, echo_texts=body.echo_texts, echo_logprobs=body.echo_logprobs)
+        return Responder(request_id, model_id, shape, body.n * body.prompt_count,
+                         include_usage=body.include_usage, continuous_usage=body.continuous_usage,
+                         return_token_ids=bool(body.return_token_ids))
+
+    return await _generate_unless_gone(request, body, writer, "cmpl")
+
+
+@router.post("/v1/responses", responses=_STREAMED)
+async def create_response(request: Request, body: ResponsesRequest) -> Response:
+    """The Responses API, served as the chat completion it amounts to (app/openai/responses_api.py)."""
+    chat = body.to_chat()
+    settings = summary(body)
+
+    def writer(request_id: str, model_id: str) -> StreamWriter:
+        return ResponsesWriter(Responder(request_id, model_id, ChatShape(chat.forced_tool_choice), 1), settings)
+
+    try:
+        return await _generate_unless_gone(request, chat, writer, "resp")
+    except InvalidRequest as err:  # chat's refusal, about a parameter the client sent under its Responses name
+        raise type(err)(err.message, param=responses_param(err.param), retry_after_s=err.retry_after_s) from None
+
+
+@router.post("/v1/embeddings")
+async def create_embeddings(request: Request, body: embeddings.EmbeddingRequest) -> Response:
+    """Embeddings of a model served with `runner: embed` (app/openai/embeddings.py), admitted as one request."""
+    work = _embed(request, body)
+    return await (work if state_of(request).behind_serve_proxy else _cancel_on_disconnect(request, work))
+
+
+async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Response:
+    state = state_of(request)
+    model, backend = state.backend_for(body.model)
+    request.state.model = model.id
+    if model.runner != "embed":
+        raise wrong_runner(model.id, model.runner, "embeddings")
+    targets = client_targets(request.headers, stream=False)
+    engine_request = EmbedRequest(
+        request_id=embeddings.new_request_id(),
+        inputs=body.to_inputs(model.limits),
+        timeout_s=state.config.service.request_timeout_s,
+        dimensions=body.dimensions,
+        trace_id=request.state.request_id,
+        ttft_target_s=targets.first_token_s,
+    )
+
+    async def answer() -> AsyncGenerator[Embeddings, None]:
+        yield await backend.embed(engine_request)
+
+    timer = RequestTimer(state.metrics, model.id, request.state.arrived)
+    stream = state.capacity.track(model.id, answer())  # full: refused here, as generation is
+    try:
+        result = await anext(stream)
+        timer.done(time.perf_counter())
+    finally:
+        if not timer.finished:
+            timer.client_left(request.url.path)
+        await stream.aclose()
+    return JSONBody(embeddings.response_body(engine_request.request_id, model.id, result, body.encoding_format))
+
+
+async def _generate_unless_gone(
+    request: Request, body: ChatCompletionRequest | CompletionRequest, writer: WriterFactory, prefix: str
+) -> Response:
+    work = _generate(request, body, writer, prefix)
+    return await (work if state_of(request).behind_serve_proxy else _cancel_on_disconnect(request, work))
+
+
+async def _generate(
+    request: Request, body: ChatCompletionRequest | CompletionRequest, make_writer: WriterFactory, prefix: str
+) -> Response:
+    state = state_of(request)
+    model, backend = state.backend_for(body.model)
+    request.state.model = model.id
+    if model.runner != "generate":
+        raise wrong_runner(model.id, model.runner, "generation")
+    if isinstance(body, ChatCompletionRequest):
+        prompts = [body.to_prompt(model.limits)]
+        params = body.to_params(model.limits, model.engine.tool_call_parser)
+    else:
+        prompts, params = body.to_prompts(model.limits), body.to_params(model.limits)
+    targets = client_targets(request.headers, stream=bool(body.stream))
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    engine_requests = [
+        GenerateRequest(
+            # a batch's prompts are engine requests of their own, each with its own id
+            request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            prompt=prompt,
+            params=params,
+            timeout_s=state.config.service.request_timeout_s,
+            want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
+            trace_id=request.state.request_id,
+            ttft_target_s=targets.first_token_s,
+            finish_target_s=targets.finish_s,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    timer = RequestTimer(state.metrics, model.id, request.state.arrived)
+    streams = [state.capacity.track(model.id, backend.generate(r)) for r in engine_requests]  # full: refused here
+    # Validation and admission errors surface here, before the 200.
+    stream: AsyncGenerator[Any, None]
+    if len(streams) == 1:
+        stream = streams[0]
+        try:
+            admitted = [await anext(stream)]
+        except BaseException:
+            await stream.aclose()
+            raise
+    else:
+        batch = batch_stream.Batch(streams, params.n)
+        admitted = await batch.admitted()  # all of them, or the first refusal (the others then aborted)
+        stream = batch.deltas()
+    writer = make_writer(request_id, model.id)
+    writer.admitted(*admitted)
+    if body.stream:
+        return StreamingResponse(
+            _events(writer, stream, timer, request.url.path), media_type=sse.MEDIA_TYPE, headers=sse.HEADERS
+        )
+    timer.token(time.perf_counter())
+    try:
+        result = await writer.collect(stream)
+        timer.done(time.perf_counter())
+        return JSONBody(result)
+    finally:
+        if not timer.finished:
+            timer.client_left(request.url.path)
+        await stream.aclose()
+
+
+async def _events(
+    writer: StreamWriter, stream: AsyncGenerator[Any, None], timer: RequestTimer, endpoint: str
+) -> AsyncGenerator[bytes, None]:
+    """The SSE body of a stream, whichever API's events `writer` makes. Closing the stream (client gone) aborts
+    the engine request."""
+    clock = time.perf_counter
+    frame = sse.named_event if writer.named_events else sse.event
+    ended = False
+    try:
+        for event in writer.opening():
+            yield frame(event)
+        async for delta in stream:
+            timer.token(clock())
+            for event in writer.events(delta):
+                yield frame(event)
+        for event in writer.closing():
+            yield frame(event)
+        timer.done(clock())
+        ended = True
+    except ServiceError as err:
+        ended = True
+        for event in writer.error_events(err.body()):
+            yield frame(event)
+    except Exception:
+        ended = True
+        log.exception("stream %s failed", writer.request_id)
+        for event in writer.error_events(InternalError("The stream failed on the server; it has been logged").body()):
+            yield frame(event)
+    finally:
+        if not ended:
+            timer.client_left(endpoint)
+        await stream.aclose()
+    if writer.ends_with_done:
+        yield sse.DONE
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """Runs a route's `work`, cancelling it if the client hangs up first. Serve's proxy cancels the
+    task itself; a plain uvicorn only reports it as an `http.disconnect` from `receive()`, which no
+    one reads while a non-streaming request generates (a stream's body notices on its own). The
+    cancellation then takes the usual path: `finally` blocks abort the engine request."""
+
+    async def until_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(until_disconnect())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watch.exception() is not None:  # receive() failed: no word on the client
+            await asyncio.wait((task,))
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():  # the client left; nobody reads this, but the access log shows why it ended
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return task.result()

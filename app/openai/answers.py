@@ -1,0 +1,211 @@
+"""From neutral engine output to OpenAI response objects. No HTTP, no engine.
+
+A `Responder` consumes the `Admitted` item and the `GenerationDelta`s of one request and produces either the
+chunk objects of a stream or the one final response object; the shapes of a choice are `choice_shapes`'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta
+from app.openai.choice_shapes import (
+    ChatShape,
+    ChoiceState,
+    CompletionShape,
+    prompt_logprobs_json,
+    prompt_scores,
+)
+from app.openai.tool_calls import ToolCall
+
+
+class StreamWriter(Protocol):
+    """What the route needs of one request's output, whichever API: the events of a stream (payloads; the route
+    frames them, app/http/sse.py) or the one body. `Responder` (chat, completions) and the Responses API's writer
+    (app/openai/responses_events.py) are the two."""
+
+    named_events: bool  # each event also names its type (the Responses API)
+    ends_with_done: bool  # `data: [DONE]` after the last event (chat, completions)
+
+    @property
+    def request_id(self) -> str: ...
+
+    def admitted(self, item: Admitted, *more: Admitted) -> None:
+        """`more`: the admissions of a batch's other prompts, in order."""
+        ...
+
+    def opening(self) -> list[dict[str, Any]]: ...
+
+    def events(self, delta: GenerationDelta) -> list[dict[str, Any]]: ...
+
+    def closing(self) -> list[dict[str, Any]]: ...
+
+    def error_events(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+    async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]: ...
+
+
+@dataclass
+class Responder:
+    request_id: str
+    model: str
+    shape: ChatShape | CompletionShape
+    n: int
+    include_usage: bool = False
+    # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far (with include_usage)
+    continuous_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    prompt_tokens: int = 0
+    # vLLM's return_token_ids: chat puts the prompt's ids on the response (its first chunk), completions on each
+    # choice (its first chunk); every choice (chunk) has its output's ids.
+    return_token_ids: bool = False
+    # Prompt tokens the engine found in its prefix cache, over every prompt (usage.prompt_tokens_details).
+    cached_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self._choices = [ChoiceState(i) for i in range(self.n)]
+
+    named_events = False  # chat and completions events are plain `data:` lines
+    ends_with_done = True  # then `data: [DONE]`
+
+    def admitted(self, item: Admitted, *more: Admitted) -> None:
+        """`more`: a batch's other prompts; usage counts every prompt's tokens, as vLLM's does."""
+        items = (item, *more)
+        self.prompt_tokens = sum(i.prompt_tokens for i in items)
+        if isinstance(self.shape, CompletionShape):
+            for prompt, i in enumerate(items):
+                if i.prompt_text is not None and prompt < len(self.shape.echo_texts):
+                    self.shape.echo_texts[prompt] = i.prompt_text  # a token-id prompt's text, decoded by the engine
+
+    def _absorb(self, c: ChoiceDelta, delta: GenerationDelta | None = None) -> ChoiceState:
+        acc = self._choices[c.index]
+        if delta is not None and delta.prompt_token_ids is not None:  # its prompt's, for each choice of that prompt
+            for same in self._prompt_group(c.index):  # (a later delta may bring a choice's first output)
+                if same.prompt_token_ids is None:
+                    same.prompt_token_ids = list(delta.prompt_token_ids)
+        if delta is not None and delta.prompt_logprobs is not None and acc.prompt_logprobs is None:
+            acc.prompt_logprobs = prompt_logprobs_json(delta.prompt_logprobs)
+            if isinstance(self.shape, CompletionShape) and self.shape.echo_logprobs:  # one prompt's, its n choices'
+                self.shape.prompt_scores.setdefault(c.index // self.shape.n,
+                                                    prompt_scores(delta.prompt_first_token, delta.prompt_logprobs))
+        if c.token_ids is not None:
+            acc.token_ids += c.token_ids
+        acc.text += c.text
+        acc.tokens += c.num_tokens
+        acc.finish_reason = c.finish_reason or acc.finish_reason
+        acc.stop_reason = c.stop_reason if c.stop_reason is not None else acc.stop_reason
+        if c.logprobs is not None:
+            acc.logprobs = (acc.logprobs or []) + list(c.logprobs)
+        for t in c.tool_calls:
+            known = acc.tool_calls.get(t.index)
+            acc.tool_calls[t.index] = (
+                ToolCall(t.id or "", t.name or "", t.arguments)
+                if known is None
+                else ToolCall(known.id, known.name, known.arguments + t.arguments)
+            )
+        return acc
+
+    def _prompt_group(self, index: int) -> list[ChoiceState]:
+        """The choices of choice `index`'s prompt: a completions batch's prompt i has choices i * n .. i * n + n - 1;
+        chat has one prompt."""
+        if not isinstance(self.shape, CompletionShape):
+            return self._choices
+        per_prompt = max(1, self.shape.n)
+        return self._choices[index // per_prompt * per_prompt:][:per_prompt]
+
+    def usage(self) -> dict[str, Any]:
+        completion = sum(c.tokens for c in self._choices)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            # OpenAI's field (vLLM sends it with --enable-prompt-tokens-details): what the prefix cache saved.
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def _envelope(self, obj: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
+
+    def _with_token_ids(self, choice: dict[str, Any], acc: ChoiceState, ids: list[int] | None,
+                        first: bool) -> dict[str, Any]:
+        if isinstance(self.shape, CompletionShape):
+            choice["prompt_token_ids"] = acc.prompt_token_ids if first else None
+        choice["token_ids"] = ids
+        return choice
+
+    def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
+        """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
+        not yet readable), as vLLM sends no chunk then."""
+        self.cached_tokens += delta.cached_tokens or 0
+        choices = []
+        for c in delta.choices:
+            acc = self._absorb(c, delta)
+            first = not acc.started
+            choice = self.shape.chunk_choice(c, first=first)
+            if c.finish_reason is not None:  # vLLM's extension, on the chunk that ends the choice
+                choice["stop_reason"] = acc.stop_reason
+            acc.started = True
+            if self.return_token_ids:
+                choice = self._with_token_ids(choice, acc, list(c.token_ids or ()), first)
+            elif choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None:
+                continue
+            choices.append(choice)
+        if not choices:
+            return None
+        out = self._envelope(self.shape.object_chunk)
+        if self.return_token_ids and isinstance(self.shape, ChatShape):
+            out["prompt_token_ids"] = list(delta.prompt_token_ids) if delta.prompt_token_ids is not None else None
+        out["choices"] = choices
+        if self.include_usage:
+            out["usage"] = self.usage() if self.continuous_usage else None
+        return out
+
+    # The stream as the route writes it (the same calls as the Responses API's writer, app/openai/responses_events.py).
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []
+
+    def events(self, delta: GenerationDelta) -> list[dict[str, Any]]:
+        chunk = self.chunk(delta)
+        return [chunk] if chunk is not None else []
+
+    def closing(self) -> list[dict[str, Any]]:
+        return [self.usage_chunk()] if self.include_usage else []
+
+    def error_events(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return [body]  # the OpenAI error object as one event
+
+    def usage_chunk(self) -> dict[str, Any]:
+        out = self._envelope(self.shape.object_chunk)
+        out["choices"] = []
+        out["usage"] = self.usage()
+        return out
+
+    def full(self) -> dict[str, Any]:
+        out = self._envelope(self.shape.object_full)
+        # vLLM's `stop_reason` on every choice: the stop token id or string that ended it, else null.
+        out["choices"] = [{**self.shape.full_choice(c), "stop_reason": c.stop_reason} for c in self._choices]
+        if self.return_token_ids:
+            out["choices"] = [self._with_token_ids(choice, c, c.token_ids, True)
+                              for choice, c in zip(out["choices"], self._choices, strict=True)]
+            if isinstance(self.shape, ChatShape):
+                out["prompt_token_ids"] = self._choices[0].prompt_token_ids if self._choices else None
+        if any(c.prompt_logprobs is not None for c in self._choices):  # asked for (vLLM's shapes)
+            if isinstance(self.shape, ChatShape):
+                out["prompt_logprobs"] = self._choices[0].prompt_logprobs
+            else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
+                for choice, c in zip(out["choices"], self._choices, strict=True):
+                    choice["prompt_logprobs"] = next(
+                        (g.prompt_logprobs for g in self._prompt_group(c.index) if g.prompt_logprobs is not None), None)
+        out["usage"] = self.usage()
+        return out
+
+    async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]:
+        async for delta in stream:
+            self.cached_tokens += delta.cached_tokens or 0
+            for c in delta.choices:
+                self._absorb(c, delta)
+        return self.full()

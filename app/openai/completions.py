@@ -1,0 +1,96 @@
+"""`POST /v1/completions` on the wire: a prompt or a batch of prompts (strings or token ids), converted into the
+engine's prompts and `GenerationParams`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from app.config import LimitsConfig
+from app.engine.interface import GenerationParams, PromptInput
+from app.errors import InvalidRequest
+from app.openai.sampling import (
+    SamplingRequest,
+)
+
+# A completions batch (vLLM: unbounded): each prompt is an engine request of its own, admitted like any other.
+MAX_BATCH_PROMPTS = 32
+MAX_BATCH_CHOICES = 64  # prompts x n
+
+
+class CompletionRequest(SamplingRequest):
+    # One prompt (text, or token ids) or a batch of them (texts, or token-id lists), as vLLM takes them.
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    )
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+
+    @property
+    def _batch(self) -> list[Any]:
+        p = self.prompt
+        if isinstance(p, str) or all(isinstance(x, int) for x in p):
+            return [p]  # one prompt: text, or token ids
+        return list(p)
+
+    @property
+    def prompt_count(self) -> int:
+        return len(self._batch)
+
+    def to_prompts(self, limits: LimitsConfig) -> list[PromptInput]:
+        """Every prompt of the request (one, or a batch of up to MAX_BATCH_PROMPTS), in order."""
+        batch = self._batch
+        if len(batch) > MAX_BATCH_PROMPTS:
+            raise InvalidRequest(
+                f"'prompt' has {len(batch)} prompts; at most {MAX_BATCH_PROMPTS} are allowed in one request",
+                param="prompt",
+            )
+        if len(batch) * self.n > MAX_BATCH_CHOICES:
+            raise InvalidRequest(
+                f"{len(batch)} prompts with n={self.n} make {len(batch) * self.n} choices; at most "
+                f"{MAX_BATCH_CHOICES} are allowed in one request",
+                param="n",
+            )
+        prompts = []
+        for item in batch:
+            if isinstance(item, str):
+                prompts.append(self._truncating(PromptInput(text=item)))
+                continue
+            if any(t < 0 for t in item):
+                raise InvalidRequest("'prompt' token ids must not be negative", param="prompt")
+            prompts.append(self._truncating(PromptInput(token_ids=tuple(item))))
+        return prompts
+
+    def to_prompt(self, limits: LimitsConfig) -> PromptInput:
+        """The one prompt of a request that has one."""
+        prompts = self.to_prompts(limits)
+        if len(prompts) != 1:
+            raise InvalidRequest("this operation takes one prompt", param="prompt")
+        return prompts[0]
+
+    @property
+    def echo_texts(self) -> list[str | None]:
+        """With `echo`, each prompt's text as far as the request has it (a token-id prompt's comes back from the
+        engine with its admission); without, none."""
+        return [x if isinstance(x, str) else None for x in self._batch] if self.echo else []
+
+    def to_params(self, limits: LimitsConfig) -> GenerationParams:
+        params = self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+        if self.echo_logprobs and self.prompt_logprobs is None:
+            # vLLM's: `echo` with `logprobs` scores the echoed prompt too, with as many alternatives (streamed too).
+            params = replace(params, prompt_logprobs=self.logprobs)
+        return params
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """The echoed prompt's tokens head each choice's logprobs (vLLM's `echo` with `logprobs`)."""
+        return self.echo and self.logprobs is not None
+
+
+CompletionRequest.model_rebuild()

@@ -1,0 +1,222 @@
+"""The Responses API's request (`POST /v1/responses`), and its conversion into the chat request it amounts to.
+
+A Responses request is served as the chat completion it describes: `instructions` become the system message,
+`input` (text, or a list of messages, function calls and function call outputs) the conversation, function tools
+chat's tools, `max_output_tokens` chat's `max_tokens`, `text.format` chat's `response_format`. So admission,
+limits, the length contract, tool forcing and abort-on-disconnect are chat's, unchanged. Stateless: nothing is
+stored (`store` is accepted and has no effect) and `previous_response_id` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from app.errors import InvalidRequest, UnsupportedParameter
+from app.openai.chat import ChatCompletionRequest
+
+# Accepted and without effect (docs/api.md).
+IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+# OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
+UNSUPPORTED_PARAMETERS = (
+    "background", "conversation", "include", "max_tool_calls", "prompt", "reasoning", "top_logprobs", "truncation",
+    "stream_options", "context_management", "prompt_cache_retention",
+)
+_NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputText(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # output_text sent back as it came
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Strict):
+    """A call the model made in an earlier response, sent back with the next input."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutput(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+InputItem = InputMessage | FunctionCallItem | FunctionCallOutput
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; no effect here
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are refused by name below
+
+    model: str = Field(..., min_length=1)
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unknown(self) -> ResponsesRequest:
+        for name, value in (self.model_extra or {}).items():
+            if name in IGNORED_PARAMETERS:
+                continue
+            if name in UNSUPPORTED_PARAMETERS:
+                if value in _NO_OP_VALUES:
+                    continue
+                raise UnsupportedParameter(
+                    f"'{name}' is not supported by this service's Responses API; remove it (see docs/api.md)",
+                    param=name,
+                )
+            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
+        if self.previous_response_id is not None:
+            raise UnsupportedParameter(
+                "'previous_response_id' is not supported: this service stores no responses. Send the whole "
+                "conversation as 'input' (earlier output items included)",
+                param="previous_response_id",
+            )
+        if isinstance(self.input, list) and not self.input:
+            raise InvalidRequest("'input' must not be an empty list", param="input")
+        return self
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for item in items:
+            if isinstance(item, InputMessage):
+                messages.append({"role": item.role, "content": item.text()})
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
+                    last["tool_calls"].append(call)  # parallel calls of one turn: one assistant message
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        return messages
+
+    def _response_format(self) -> dict[str, Any] | None:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"type": "json_object"}
+        if not fmt.name:
+            raise InvalidRequest("'text.format.name' is required with type 'json_schema'", param="text.format.name")
+        spec = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict, "description": fmt.description}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The chat request this response is served as. A chat-side refusal names the Responses parameter."""
+        choice = self.tool_choice
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "max_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+            "response_format": self._response_format(),
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "tool_choice": {"type": "function", "function": {"name": choice.name}}
+            if isinstance(choice, FunctionChoice) else choice,
+            "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                      for t in self.tools] if self.tools is not None else None,
+        }
+        try:
+            return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        except ValidationError as err:
+            first = err.errors()[0]
+            param = responses_param(str(first["loc"][0]) if first["loc"] else "input")
+            raise InvalidRequest(f"Invalid '{param}': {first['msg']}", param=param) from None
+        except InvalidRequest as err:
+            raise type(err)(err.message, param=responses_param(err.param)) from None
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses parameter that a refusal of the chat request it became is about."""
+    return {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text"}.get(param or "", param)
+
+
+def summary(body: ResponsesRequest) -> dict[str, Any]:
+    """The request's own settings as a Response object echoes them."""
+    choice = body.tool_choice
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "tool_choice": choice.model_dump() if isinstance(choice, FunctionChoice) else choice or "auto",
+        "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+        "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
+        if body.text and body.text.format else {"format": {"type": "text"}},
+        "previous_response_id": None,
+        "store": False,
+        "metadata": json.loads(json.dumps((body.model_extra or {}).get("metadata") or {})),
+    }

@@ -1,0 +1,24 @@
+"""`POST /tokenize` and `POST /detokenize` on the wire, in vLLM's shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize body: exactly one of a prompt or chat messages."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize body."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    tokens: list[int] = Field(..., max_length=1_000_000)

@@ -1,49 +1,66 @@
 """The suite's order: fewest real stacks up at once, each started once.
 
 On two cores a stack that is up but idle still costs its neighbours (Ray's processes, an engine's memory), and a
-stack start costs 40 to 90 s. So modules run in groups, each in its collected order within the group:
+stack start costs 40 to 90 s. So every integration module says which stack it runs on, with
+`pytest.mark.stack(...)`, and the modules run in groups in this order, each in its collected order within the group:
 
 1. the unit tests (no stack);
-2. the modules on the session's shared stack (`service` in tests/integration/conftest.py), which is stopped
-   once the last of them ends (not at the end of the session, beside the cluster and two-engine tests);
-3. the modules on the spare stack (`own_service`, tests/support/stacks.py), the Ctrl-C test last: it stops
-   the stack as its test, so no other test needs one started again;
-4. the modules that start stacks or clusters of their own.
+2. `stack("shared")`: the session's shared stack (`service`, tests/integration/conftest.py), stopped once the last
+   of them ends (not at the end of the session, beside the cluster and two-engine tests);
+3. `stack("spare")`: the spare stack a test may break (`own_service`, tests/support/stacks.py);
+4. `stack("spare-stopped")`: the Ctrl-C test, which stops the spare stack as its test, so it runs last of those;
+5. `stack("own")`: the modules that start stacks or clusters of their own.
+
+A module without the mark, or a test whose fixtures disagree with its module's mark, stops the run at collection.
 """
 
 from __future__ import annotations
 
 import pytest
 
-SHARED = "service"
-SPARE = "own_service"
-LAST_OF_THE_SPARE = "test_shutdown.py"
+pytest_plugins = ["tests.support.stacks"]
+
+GROUPS = {"shared": 1, "spare": 2, "spare-stopped": 3, "own": 4}
+# The fixture each stack mark implies, and the marks that may use it.
+FIXTURES = {"service": {"shared"}, "own_service": {"spare", "spare-stopped"}}
 # The session stack's stop, which `service` registers, and the test after which to call it.
 STOP_SHARED_STACK = pytest.StashKey[object]()
 LAST_ON_SHARED_STACK = pytest.StashKey[str]()
 
 
-def _group(items: list[pytest.Item]) -> tuple[int, int]:
-    path = items[0].path
-    if "unit" in path.parts:
-        return (0, 0)
-    if any(SHARED in i.fixturenames for i in items):
-        return (1, 0)
-    if any(SPARE in i.fixturenames for i in items):
-        return (2, int(path.name == LAST_OF_THE_SPARE))
-    return (3, 0)
+def _stack(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("stack")
+    return None if marker is None else str(marker.args[0])
+
+
+def _group(items: list[pytest.Item]) -> int:
+    if "unit" in items[0].path.parts:
+        return 0
+    return GROUPS[_stack(items[0]) or ""]
+
+
+def _check(item: pytest.Item) -> None:
+    if "unit" in item.path.parts:
+        return
+    stack = _stack(item)
+    if stack not in GROUPS:
+        raise pytest.UsageError(f"{item.nodeid}: mark its module with pytest.mark.stack(one of {sorted(GROUPS)})")
+    for fixture, marks in FIXTURES.items():
+        if fixture in item.fixturenames and stack not in marks:
+            raise pytest.UsageError(f"{item.nodeid} uses `{fixture}` but is marked stack({stack!r})")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     modules: dict[object, list[pytest.Item]] = {}
     for item in items:
+        _check(item)
         modules.setdefault(item.path, []).append(item)
     ordered = sorted(modules.values(), key=_group)  # stable: the collected order within a group
     items[:] = [item for module in ordered for item in module]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    users = [i.nodeid for i in session.items if SHARED in i.fixturenames]
+    users = [i.nodeid for i in session.items if _stack(i) == "shared"]
     if users:
         session.config.stash[LAST_ON_SHARED_STACK] = users[-1]
 

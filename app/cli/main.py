@@ -32,7 +32,8 @@ from app.cli.serve_steps import (
 )
 from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, load_config
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cpu.yaml"  # the checkout's (app/cli/main.py)
+# configs/cpu.yaml, through the package's link to it: found from a checkout and from an installed wheel alike.
+DEFAULT_CONFIG = Path(__file__).with_name("default.yaml").resolve()
 log = logging.getLogger("app.cli")
 
 

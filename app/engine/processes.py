@@ -10,12 +10,16 @@ behind.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 
 import psutil
+
+from app.engine.cpu.affinity import pin
+from app.engine.interface import Engine
 
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 10.0  # SIGKILL is not refusable; this only bounds a process stuck in uninterruptible I/O
@@ -86,3 +90,35 @@ def _wait_gone(processes: list[psutil.Process]) -> list[psutil.Process]:
         time.sleep(_POLL_S)
         left = [p for p in left if not _gone(p)]
     return left
+
+
+def start_engine(engine: Engine, affinity: set[int]) -> tuple[EngineProcesses, float]:
+    """Starts `engine` (blocking: call it on a thread) with this process's cores as `affinity` (what the process
+    had before any engine narrowed it); returns its processes and how long the start took."""
+    started = time.monotonic()
+    if affinity:
+        with contextlib.suppress(psutil.Error, OSError):
+            pin(psutil.Process(), affinity)
+    try:
+        processes = EngineProcesses.started_by(engine.start)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            engine.shutdown()
+        raise
+    return processes, time.monotonic() - started
+
+
+async def stop_engine(engine: Engine, processes: EngineProcesses, wedged: bool, name: str, timeout_s: float) -> None:
+    """Every process `engine` started ends: a wedged engine's are SIGKILLed first (a stopped EngineCore would sit
+    out vLLM's SIGTERM grace), then the engine shuts down (off the event loop, within `timeout_s`), then whatever of
+    its processes is still alive is SIGKILLed."""
+    if wedged:
+        killed = await asyncio.to_thread(processes.kill)
+        log.warning("engine for %s: SIGKILLed %d wedged engine process(es) %s", name, killed, processes.pids)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(engine.shutdown), timeout_s)
+    except TimeoutError:
+        log.error("engine for %s: shutdown did not finish in %.0f s; going on", name, timeout_s)
+    except Exception:
+        log.exception("engine for %s: shutdown failed; going on", name)
+    await asyncio.to_thread(processes.kill)

@@ -181,7 +181,7 @@ class EngineHost:
         self.supervisor.require_serving()
         if self.model.runner != "embed":
             raise wrong_runner(self.model.id, self.model.runner, "embeddings")
-        self._refuse_dimensions(request.dimensions)
+        self.prompts.refuse_dimensions(request.dimensions)
         for prompt in request.inputs:
             self.prompts.refuse_certainly_too_long(prompt)
         self.admission.refuse_if_full()
@@ -235,22 +235,6 @@ class EngineHost:
         """Tells the ticket (the pace) of an output; returns its tokens over all choices."""
         ticket.produced(max((c.num_tokens for c in delta.choices), default=0))
         return sum(c.num_tokens for c in delta.choices)
-
-    def _refuse_dimensions(self, dimensions: int | None) -> None:
-        """vLLM's checks of `dimensions` (PoolingParams.verify, with its messages), before any tokenizing."""
-        facts = self.engine.embedding_facts
-        if dimensions is None or facts is None:
-            return
-        name = self.model.id
-        if not facts.matryoshka:
-            raise InvalidRequest(f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
-                                 f"(received dimensions={dimensions}).", param="dimensions")
-        if not 1 <= dimensions <= facts.size:
-            raise InvalidRequest(f"Model {name!r} only supports dimensions in range [1, {facts.size}], "
-                                 f"got {dimensions}.", param="dimensions")
-        if facts.dimensions is not None and dimensions not in facts.dimensions:
-            raise InvalidRequest(f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, "
-                                 f"got {dimensions}.", param="dimensions")
 
     # -- control plane ----------------------------------------------------
 

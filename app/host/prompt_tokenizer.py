@@ -133,6 +133,22 @@ class PromptTokenizer:
             return ids
         return ids[len(ids) - keep:] if side == "left" else ids[:keep]
 
+    def refuse_dimensions(self, dimensions: int | None) -> None:
+        """vLLM's checks of `dimensions` (PoolingParams.verify, with its messages), before any tokenizing."""
+        facts = self.engine.embedding_facts
+        if dimensions is None or facts is None:
+            return
+        name = self.model.id
+        if not facts.matryoshka:
+            raise InvalidRequest(f"Model {name!r} does not support Matryoshka embeddings; dimensions must be unset "
+                                 f"(received dimensions={dimensions}).", param="dimensions")
+        if not 1 <= dimensions <= facts.size:
+            raise InvalidRequest(f"Model {name!r} only supports dimensions in range [1, {facts.size}], "
+                                 f"got {dimensions}.", param="dimensions")
+        if facts.dimensions is not None and dimensions not in facts.dimensions:
+            raise InvalidRequest(f"Model {name!r} only supports Matryoshka dimensions {list(facts.dimensions)}, "
+                                 f"got {dimensions}.", param="dimensions")
+
     def refuse_long_prompt(self, prompt_tokens: int, prompt: PromptInput) -> None:
         max_prompt = self.model.max_prompt_tokens
         if prompt_tokens > max_prompt:

@@ -32,12 +32,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import psutil
-
 from app.config import ModelConfig
-from app.engine.cpu.affinity import pin
 from app.engine.interface import Engine, EngineDead, EngineFailed
-from app.engine.processes import EngineProcesses
+from app.engine.processes import EngineProcesses, start_engine, stop_engine
 from app.errors import ServiceUnavailable
 from app.host.progress_watch import ProgressWatch, Stall
 
@@ -265,10 +262,10 @@ class EngineSupervisor:
         started = time.monotonic()
         log.warning("engine for %s: restarting in place (%s)", self.model.id, self.reason)
         try:
-            await self._stop_engine(old, wedged)
+            await stop_engine(old, self._processes, wedged, self.model.id, SHUTDOWN_TIMEOUT_S)
             assert self._factory is not None
             engine = self._factory()
-            processes = await asyncio.to_thread(self._start_new, engine)
+            processes, self._start_s = await asyncio.to_thread(start_engine, engine, self._affinity)
         except Exception as err:
             self.failure = f"the restart of the engine for '{self.model.id}' failed: {err!r}"
             log.exception("engine for %s: restart in place failed; the replica is to be replaced", self.model.id)
@@ -286,38 +283,6 @@ class EngineSupervisor:
         self.reason = None
         self.state = EngineState.SERVING
         log.warning("engine for %s: restarted in place in %.1f s", self.model.id, time.monotonic() - started)
-
-    async def _stop_engine(self, engine: Engine, wedged: bool) -> None:
-        """Every process the old engine started ends: a wedged engine's are SIGKILLed first (a stopped
-        EngineCore would sit out vLLM's SIGTERM grace), then the engine shuts down (off the event loop, bounded),
-        then whatever of its processes is still alive is SIGKILLed."""
-        processes = self._processes
-        if wedged:
-            killed = await asyncio.to_thread(processes.kill)
-            log.warning("engine for %s: SIGKILLed %d wedged engine process(es) %s", self.model.id, killed,
-                        processes.pids)
-        try:
-            await asyncio.wait_for(asyncio.to_thread(engine.shutdown), SHUTDOWN_TIMEOUT_S)
-        except TimeoutError:
-            log.error("engine for %s: shutdown did not finish in %.0f s; going on", self.model.id, SHUTDOWN_TIMEOUT_S)
-        except Exception:
-            log.exception("engine for %s: shutdown failed; going on", self.model.id)
-        await asyncio.to_thread(processes.kill)
-
-    def _start_new(self, engine: Engine) -> EngineProcesses:
-        """Starts `engine` (on a thread), with the process's cores as the first engine found them."""
-        started = time.monotonic()
-        if self._affinity:
-            with contextlib.suppress(psutil.Error, OSError):
-                pin(psutil.Process(), self._affinity)
-        try:
-            processes = EngineProcesses.started_by(engine.start)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                engine.shutdown()
-            raise
-        self._start_s = time.monotonic() - started
-        return processes
 
     # -- health and the end -----------------------------------------------
 

@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import MAX_ONGOING, MAX_QUEUED, MODEL
+from tests.support.service import MAX_ONGOING, MAX_QUEUED, MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 TARGET_S = 4.0
 # Stated tolerance: the prediction is a fit over the replica's recent requests on a shared 2-core machine.

@@ -8,10 +8,10 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL
 from tests.support import sse
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 # took 50-120 s here, depending on what else the machine ran.
 HANG_GUARD_S = 600
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("own")]
 
 
 def _table_rows(markdown: str) -> list[dict[str, str]]:

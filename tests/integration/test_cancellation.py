@@ -7,9 +7,9 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
         "max_tokens": 1000, "ignore_eos": True, "temperature": 0}

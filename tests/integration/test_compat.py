@@ -19,9 +19,9 @@ from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.completion_choice import Logprobs as CompletionLogprobs
 
-from tests.integration.conftest import API_KEY, MODEL
+from tests.support.service import API_KEY, MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"

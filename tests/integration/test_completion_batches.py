@@ -12,9 +12,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 PROMPTS = ["The capital of France is", "One, two, three,", "Water boils at"]
 

@@ -11,13 +11,12 @@ import time
 import httpx
 import pytest
 
-from tests.integration.conftest import MODEL
 from tests.support import sse
 from tests.support.engine_procs import engine_cores
+from tests.support.service import MODEL
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.support.stacks"]
+pytestmark = [pytest.mark.integration, pytest.mark.stack("spare")]
 
 RECOVERY_TIMEOUT_S = 300
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

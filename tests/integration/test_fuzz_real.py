@@ -24,12 +24,12 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance
 
-from tests.integration.conftest import MODEL
 from tests.support.error_shape import assert_error_shape
 from tests.support.fuzzing import declared_fields, say
 from tests.support.hostile import body_chunks, check_outcome, hostile_cases, stream_is_clean
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 OPERATIONS = [  # (method, path, positive examples, negative examples): 58 cases at most
     ("POST", "/v1/chat/completions", 13, 5),

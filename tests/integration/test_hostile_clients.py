@@ -11,10 +11,10 @@ import uuid
 import httpx
 import pytest
 
-from tests.integration.conftest import API_KEY, MODEL
+from tests.support.service import API_KEY, MODEL
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import API_KEY, MODEL, REPO
+from tests.support.service import API_KEY, MODEL, REPO
 from tests.support.stacks import CLOCKS
 
 # The spare stack, reused from the engine-kill test, stops after this module (tests/support/stacks.py).
-pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.support.stacks"]
+pytestmark = [pytest.mark.integration, pytest.mark.stack("spare")]
 
 TINY = {"non-readers": 5, "non-reader-n": 4, "non-reader-logprobs": 20, "idle": 20, "slowloris": 5,
         "huge-headers": 2, "huge-header-mb": 1, "giant-prompts": 2, "tokenize-clients": 2, "tokenize-requests": 20,

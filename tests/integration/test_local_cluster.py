@@ -42,11 +42,11 @@ from loadkit.cluster import LocalCluster
 from loadkit.long_stream import LongStream
 from loadkit.service import ProcessGroup
 from loadkit.steady_load import SteadyLoad
-from tests.integration.conftest import REPO, STARTUP_TIMEOUT_S, Service, base_config, free_port, stop_service
 from tests.support.ray_cluster import running_local_cluster
+from tests.support.service import REPO, STARTUP_TIMEOUT_S, Service, base_config, free_port, stop_service
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("own")]
 
 MANIFEST = REPO / "configs" / "kuberay" / "rayservice-cpu.yaml"
 KEY = "key-of-the-local-cluster"  # the pods' APP_API_KEYS (the manifest reads it from a Secret)

@@ -13,7 +13,7 @@ import os
 import openai
 import pytest
 
-from tests.integration.conftest import (
+from tests.support.service import (
     API_KEY,
     MODEL,
     SECOND_MODEL,
@@ -23,7 +23,7 @@ from tests.integration.conftest import (
     with_second_model,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("own")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -12,10 +12,10 @@ import psutil
 import pytest
 
 from loadkit.proctree import engine_core_of
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 
 def _sample(text: str, name: str, **labels: str) -> float:

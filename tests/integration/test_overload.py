@@ -13,10 +13,10 @@ from loadkit.overload.client import one_request
 from loadkit.overload.mix import PromptMaker, Spec
 from loadkit.overload.stats_poll import get_stats, wait_idle
 from loadkit.proctree import ProcessTree
-from tests.integration.conftest import MAX_ONGOING, MAX_QUEUED, MODEL
+from tests.support.service import MAX_ONGOING, MAX_QUEUED, MODEL
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 400,
         "ignore_eos": True, "temperature": 0, "stream": True}

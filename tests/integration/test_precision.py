@@ -6,9 +6,9 @@ import pytest
 
 from app.engine.cpu.core_plan import plan_cores
 from app.engine.cpu.precision import resolve_cpu_precision
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 
 def test_auto_resolves_here_and_the_engine_runs_in_it(service, client):

@@ -10,9 +10,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 QUESTION = "What is the capital of France?"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"],
@@ -94,7 +94,7 @@ async def test_an_openai_agents_sdk_turn_with_a_tool(service):
     import agents
     from openai import AsyncOpenAI
 
-    from tests.integration.conftest import API_KEY
+    from tests.support.service import API_KEY
 
     agents.set_tracing_disabled(True)  # the SDK's tracing would export to OpenAI
     called: list[str] = []

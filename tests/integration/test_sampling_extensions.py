@@ -10,9 +10,9 @@ import re
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"

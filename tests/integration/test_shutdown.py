@@ -12,12 +12,11 @@ import httpx
 import pytest
 
 from loadkit.service import describe
-from tests.integration.conftest import MODEL
 from tests.support import sse
+from tests.support.service import MODEL
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
-pytest_plugins = ["tests.support.stacks"]
+pytestmark = [pytest.mark.integration, pytest.mark.stack("spare-stopped")]
 
 
 def _draining(service) -> bool:

@@ -11,9 +11,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 WEATHER = {
     "type": "object",
@@ -157,7 +157,7 @@ def test_langchain_binds_tools(service):
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_openai import ChatOpenAI
 
-    from tests.integration.conftest import API_KEY
+    from tests.support.service import API_KEY
 
     llm = ChatOpenAI(base_url=f"{service.base_url}/v1", api_key=API_KEY, model=MODEL, temperature=0, max_tokens=120,
                      max_retries=0)

@@ -23,11 +23,11 @@ import pytest
 
 from loadkit.long_stream import LONG, LongStream
 from loadkit.steady_load import SteadyLoad
-from tests.integration.conftest import API_KEY, MODEL, base_config, free_port, running_stack
 from tests.support.engine_procs import engine_cores
+from tests.support.service import API_KEY, MODEL, base_config, free_port, running_stack
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.stack("own")]
 
 STREAMS = 4  # long greedy streams in flight at the kill: some are on the killed engine
 # Room on one replica for everything (4 long streams, 6 clients of the steady load): while the killed engine is

@@ -20,7 +20,9 @@ from loadkit.differential.cases import CURATED, Case
 from loadkit.differential.exchange import send
 from loadkit.differential.peer import EngineSettings, Peer
 from loadkit.differential.verdict import judge
-from tests.integration.conftest import REPO, Service, base_config
+from tests.support.service import REPO, Service, base_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import psutil
 
 from app.rayserve.builder import engine_deployment_name
 from loadkit.proctree import engine_core_of
-from tests.integration.conftest import MODEL
+from tests.support.service import MODEL
 
 
 def engine_cores(service, model: str = MODEL) -> list[psutil.Process]:

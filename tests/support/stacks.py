@@ -3,8 +3,9 @@ clients, or press Ctrl-C.
 
 The session's shared stack (`service` in tests/integration/conftest.py) must stay healthy for every other test,
 whatever order the tests run in; a test that breaks a stack takes `own_service` instead: the same `python -m app
-serve` on the test config (conftest's `running_stack`) with the connection clocks cut to a few seconds and
-`max_logprobs` 20 (what the hostile driver's smoke test needs; the other tests read their streams at once).
+serve` on the test config (tests/support/service.py's `running_stack`) with the connection clocks cut to a few
+seconds and `max_logprobs` 20 (what the hostile driver's smoke test needs; the other tests read their streams at
+once). Its modules are marked `pytest.mark.stack("spare")`, the Ctrl-C test's `stack("spare-stopped")`.
 
 One stack serves such tests in turn: `own_service` hands over the running one while it is alive and healthy,
 and starts a new one otherwise (after a test stopped it with Ctrl-C, or left it unhealthy). Starting a stack
@@ -12,7 +13,7 @@ costs 40 to 70 s on two cores. The suite runs the modules that use it one after 
 (tests/conftest.py), so it is started once and that test stops it. Its processes carry their own loadkit tag, so
 a test can tell them from the shared stack's.
 
-A test module asks for it with `pytest_plugins = ["tests.support.stacks"]`.
+The suite's root conftest (tests/conftest.py) loads these fixtures as a plugin.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from tests.integration.conftest import Service, base_config, free_port, running_stack
+from tests.support.service import Service, base_config, free_port, running_stack
 
 # The session's stack may be up beside this one, sharing the cores: a request takes longer than on a stack
 # alone (measured: 150 tokens took over 10 s), so the drain waits longer than the shared stack's 10 s before

@@ -54,3 +54,12 @@ def test_explicit_bfloat16_on_an_avx2_cpu_is_honoured_with_a_warning(monkeypatch
 def test_gpu_config_leaves_auto_to_vllm(capsys):
     out = _check(REPO / "configs" / "gpu.yaml", capsys)
     assert "compute on the GPU" in out
+
+
+def test_the_default_config_is_configs_cpu_yaml_found_through_the_package():
+    """`python -m app serve` without --config reads configs/cpu.yaml through the package's own link to it, which a
+    wheel carries as a file (pyproject's package-data), so an installed service finds its default too."""
+    link = REPO / "app" / "cli" / "default.yaml"
+    assert link.is_symlink() and link.resolve() == (REPO / "configs" / "cpu.yaml").resolve()
+    assert cli.DEFAULT_CONFIG == link.resolve()
+    assert cli.DEFAULT_CONFIG.name == "cpu.yaml"

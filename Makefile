@@ -47,11 +47,11 @@ test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
 overload: setup
-	$(PY) scripts/overload.py
+	$(PY) -m loadkit overload
 
 # Hostile clients (slow readers, idle and slowloris connections, huge headers, giant prompts) beside a polite one.
 hostile: setup
-	$(PY) scripts/hostile.py
+	$(PY) -m loadkit hostile
 
 # The benchmark's peers install from the project's own files: the `bench` extra (what Ray Serve LLM imports).
 BENCH_STAMP := $(VENV)/.setup-bench-$(ACCEL)
@@ -66,25 +66,25 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	@touch $(BENCH_STAMP)
 
 bench: setup-bench
-	$(PY) scripts/bench.py
+	$(PY) -m loadkit bench
 
 # Goodput under overload, open loop: this project, bare vLLM and Ray Serve LLM at 1x-8x their capacity (docs/goodput.md).
 goodput: setup-bench
-	$(PY) scripts/goodput.py
+	$(PY) -m loadkit goodput
 
 # Issue 15's opening scenario against a running `make serve`: 240 chats at once, each sent once (docs/overload.md).
 burst: setup
-	$(PY) scripts/burst.py
+	$(PY) -m loadkit burst
 
 # Each fault of issue 13 under steady load on a local cluster of its own (docs/chaos.md).
 chaos: setup
-	$(PY) scripts/chaos.py
+	$(PY) -m loadkit chaos
 
 # The same requests to this service and to bare vLLM (same install, model and engine arguments), compared field by
 # field: the curated set and COUNT property-generated requests; the figures go to docs/differential.md.
 COUNT ?= 300
 differential: setup
-	$(PY) scripts/differential.py --count $(COUNT)
+	$(PY) -m loadkit differential --count $(COUNT)
 
 fuzz: setup
 	$(PY) -m pytest -q -s tests/unit/test_fuzz_schema.py tests/unit/test_hostile_inputs.py

@@ -1,9 +1,9 @@
-"""System for scripts/bench.py: this project's multi-replica topology on a real multi-node Ray cluster on this
-machine, deployed as KubeRay deploys it.
+"""System for `python -m loadkit bench`: this project's multi-replica topology on a real multi-node Ray cluster on
+this machine, deployed as KubeRay deploys it.
 
 Starts `python -m app cluster up`'s cluster (app/cli/local_cluster.py: a head with a loopback dashboard and two worker
 nodes, each its own raylet confined to its own core) in a short Ray temp dir of its own, sends the given Serve
-config (the KubeRay CPU manifest's serveConfigV2, made by loadkit/bench/cluster_config.py) with `serve deploy
+config (the KubeRay CPU manifest's serveConfigV2, made by loadkit/peers.py) with `serve deploy
 --address <dashboard>`, waits with `serve status` until every replica runs, finds the replicas' nodes and pids
 with Ray's state API, writes those facts (and the time from `serve deploy` to every replica running) to
 --facts, and serves until SIGINT/SIGTERM. Then `serve shutdown`, `local_cluster.down`, a copy of the session's
@@ -30,7 +30,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo, also before `pip install -e .` knows it
 
 from app import local_cluster  # noqa: E402
-from loadkit.bench.cluster_config import (  # noqa: E402
+from loadkit.peers import (  # noqa: E402
     APP_NAME,
     ENGINE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
@@ -109,7 +109,8 @@ def wait_running(cluster: Cluster, wanted: dict[str, int], timeout_s: float, sto
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description="this project on a local multi-node Ray cluster (for scripts/bench.py)")
+    p = argparse.ArgumentParser(description="this project on a local multi-node Ray cluster "
+                                            "(for `python -m loadkit bench`)")
     p.add_argument("--serve-config", type=Path, required=True)
     p.add_argument("--facts", type=Path, required=True, help="where the deployment's facts are written (JSON)")
     p.add_argument("--workers", type=int, default=2)

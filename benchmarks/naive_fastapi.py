@@ -1,6 +1,6 @@
 """BASELINE ONLY -- not part of the service in app/.
 
-The "naive" peer for scripts/bench.py: what one might write in an afternoon without an
+The "naive" peer for `python -m loadkit bench`: what one might write in an afternoon without an
 inference engine. A plain FastAPI app (run by uvicorn) that loads the model with
 transformers' AutoModelForCausalLM and calls `model.generate` once per request, at most
 two at a time (asyncio.Semaphore(2)); no batching across requests, no paged KV cache,

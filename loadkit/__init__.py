@@ -1,17 +1,17 @@
-"""loadkit: the load-testing kit that `scripts/bench.py`, `scripts/overload.py`, `scripts/goodput.py` and
-`scripts/refusal_probe.py` are command lines over. It drives any OpenAI-compatible deployment by URL and
-imports nothing from `app/`.
+"""loadkit: the project's load-testing kit, a library with one command line (`python -m loadkit <experiment>`).
+It drives any OpenAI-compatible deployment by URL and imports nothing from `app/`.
 
-Shared parts, one noun each:
-  service     a server (this project, or a peer) as a process group: start, stop, nothing left behind
-  proctree    a process tree's memory and CPU (psutil), by role
-  machine     machine and version facts (CPU model and flags, cores, packages)
-  stats       percentiles and pooling of load-generator results
-  sse         a streaming chat completion over httpx, as server-sent events
-  markdown    a generated section of a Markdown file, keeping what people wrote around it
-  probe       the refusal probe: a light client in its own process
-The drivers: `loadkit.bench` (peers side by side), `loadkit.overload` (queueing and refusals),
-`loadkit.goodput` (goodput under open-loop overload, peers side by side), `loadkit.burst` (issue 15's opening
-burst against a running service) and `loadkit.prefill_share` (a long prompt beside running streams, per
-`max_num_batched_tokens`); `loadkit.hostile`, `loadkit.chaos` and `loadkit.differential` have their own docs.
+The shared nouns, each in one place:
+  service       the service under test: process groups stopped leaving nothing, a `Server` on a free port, this
+                project's service on a config derived from a base config, or one already running, by URL
+  peers         the systems compared (this project's topologies, bare vLLM, Ray Serve LLM, the naive baseline)
+  workload      what a request asks (`Ask`), the seeded chat mix, prompts of a given length
+  record        one request as its client saw it (`Record`, its `Attempt`s)
+  sdk, sse      the clients: the openai SDK (its own retries, every attempt counted) and raw SSE over httpx
+  server_stats  what a running service says about itself (/stats, idle, a normal chat)
+  stats         percentiles and pooling; report: run facts, PASS/FAIL targets, progress lines; markdown: the
+                generated section of a doc
+  proctree, machine, precision, waiting, cluster, steady_load, long_stream
+The experiments, thin modules over them: bench, goodput, overload, burst, hostile, chaos, differential,
+prefill_share and probe (`python -m loadkit --help`).
 """

@@ -1,27 +1,30 @@
-"""The burst of issue 15, as a new user tries it: N chat requests at once against a running service, each sent once.
+"""`python -m loadkit burst`: the burst that opened issue 15, as a new user tries it: N chat requests at once
+against a running service (`make serve`), each sent once.
 
-The measurement that opened the issue (`make serve`, 240 concurrent chats, prompts ~40-430 tokens, outputs 16-256,
-streaming and not): the 32 admitted requests waited 33-52 s for their first token and the 64 queued ones waited
-the whole 30 s queue timeout only to get a 503. This sends the same kind of burst (the goodput benchmark's seeded
-mix, loadkit.goodput.workload) through the real `openai` SDK with no retries, so every request's own fate shows,
-and sums up what the promise is about: the first token of every admitted request against the service's target,
-how fast and how honestly (Retry-After) the rest were refused, and whether any request waited only to be refused.
+The goodput benchmark's seeded mix goes through the real `openai` SDK with no retries, so every request's own fate
+shows (its status, error code and Retry-After, which `vllm bench serve` does not keep); the summary is what the
+promise is about: the first token of every admitted request against the service's target, how fast and how
+honestly (Retry-After) the rest were refused, and whether any request waited only to be refused. Prints
+Markdown; exit status 0 only if every check passes. docs/overload.md has the issue's figures and the runs since.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
+import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 
 import httpx
 
-from loadkit.goodput.client import Record, make_client, send
-from loadkit.goodput.workload import mix
-from loadkit.overload.mix import PromptMaker
+from loadkit.record import Record
+from loadkit.sdk import make_client, send
 from loadkit.stats import percentile
+from loadkit.workload import PromptMaker, mix
 
 
 @dataclass
@@ -80,7 +83,7 @@ async def run_burst(base_url: str, count: int, seed: int, api_key: str | None, m
     client, log = make_client(base_url, timeout_s, api_key=api_key, max_retries=0)
     try:
         t0 = time.monotonic()
-        records = [Record(ask=ask, start=t0, scheduled=t0) for ask in mix(seed, count)]
+        records = [Record(t0, ask=ask, scheduled=t0) for ask in mix(seed, count)]
         await asyncio.gather(*(send(client, log, model, prompts, rec) for rec in records))
         wall = max(r.end for r in records) - t0
     finally:
@@ -141,3 +144,27 @@ def honest(result: BurstResult, tolerance_s: float = 2.0) -> list[str]:
     bad = [v for v in retry if v is None or v < 1 or not math.isfinite(v)]
     checks.append(("every refusal has a Retry-After of at least 1 s", not bad, f"{len(bad)} of {len(refused)} without"))
     return [f"- {'PASS' if ok else 'FAIL'}: {name} ({detail})" for name, ok, detail in checks]
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadkit burst", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the running service (default: make serve's)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer key, if the service has keys")
+    p.add_argument("--model", default=None, help="model id (default: the first /v1/models lists)")
+    p.add_argument("--count", type=int, default=240, help="requests sent at once (default 240)")
+    p.add_argument("--seed", type=int, default=15, help="seed of the request mix (default 15)")
+    p.add_argument("--ttft-target", type=float, default=10.0,
+                   help="the service's first-token target, s (default 10: deployment.ttft_target_s's default)")
+    p.add_argument("--timeout", type=float, default=300.0, help="the SDK's timeout per request, s (default 300)")
+    args = p.parse_args(argv)
+    try:
+        result = asyncio.run(run_burst(args.base_url.rstrip("/"), args.count, args.seed, args.api_key, args.model,
+                                       args.timeout, args.ttft_target))
+    except httpx.HTTPError as err:
+        print(f"burst: cannot reach the service at {args.base_url} ({type(err).__name__}: {err}); start it with "
+              "`make serve`, or give --base-url (and --api-key if it has keys)", file=sys.stderr)
+        return 2
+    lines = summary(result)
+    checks = honest(result)
+    print("\n".join(["## Burst", "", *lines, "", *checks]))
+    return 0 if all(c.startswith("- PASS") for c in checks) else 1

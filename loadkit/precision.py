@@ -2,12 +2,15 @@
 
 `auto` lets the engine decide (vLLM: from the model folder's config and what the CPU supports; this project:
 its config's `engine.dtype: auto`). What it decided is read back from vLLM's own start-up log line
-("... dtype=torch.bfloat16, ..."), so a report can say what `auto` meant on that machine.
+("... dtype=torch.bfloat16, ..."), so a report can say what `auto` meant on that machine. Where systems must
+compute alike, `same_precision` gives every one what this project's `auto` means on this CPU.
 """
 
 from __future__ import annotations
 
 import re
+
+from loadkit.machine import cpu_facts
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 _ENGINE_DTYPE = re.compile(r"\bdtype=torch\.(\w+)")
@@ -33,3 +36,12 @@ def precision_label(asked: str, resolved: str | None) -> str:
     if asked == "auto" and resolved:
         return f"auto → {resolved}"
     return asked
+
+
+def same_precision(dtype: str) -> str:
+    """`auto` as this project resolves it on this CPU (bfloat16 where the CPU computes it natively, float32
+    otherwise), to give to every system: bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU
+    without AVX-512 bf16 emulates many times slower (docs/goodput.md)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if cpu_facts().native_bf16 else "float32"

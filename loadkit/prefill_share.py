@@ -1,34 +1,39 @@
-"""How a long prompt and the running streams share the engine, per `engine.max_num_batched_tokens` (issue 15).
+"""`python -m loadkit prefill-share`: how a long prompt and the running streams share the engine, per
+`engine.max_num_batched_tokens` (issue 15).
 
-vLLM prefills a prompt in chunks of at most `max_num_batched_tokens` tokens a step, decodes of the running streams
-riding along in the same steps. A large budget prefills a long prompt in few steps, each of which holds every
-running stream's next token back for its whole length; a small one spreads it over many short steps. One trial:
-`streams` short streams decode steadily; a long prompt (most of the context window) arrives, and a short request
-right after it; measured: the longest gap between two tokens of any running stream while the long prompt is
-prefilled (the stall it causes), the streams' usual gap before it, the long prompt's first token and the short
-request's. Each budget is a stack of its own (`python -m app serve`, configs/cpu.yaml otherwise), started and
-stopped in interleaved rounds so that the machine's drift falls on each alike.
+vLLM prefills a prompt in chunks of at most `max_num_batched_tokens` tokens a step, the running streams' decodes
+riding along in the same steps: a large budget prefills a long prompt in few steps, each holding every running
+stream's next token back for its whole length; a small one spreads it over many short steps. One trial: `streams`
+short streams decode steadily; a long prompt (most of the context window) arrives, and a short request right after
+it; measured: the streams' usual gap between tokens, the longest gap while the long prompt is prefilled (the stall
+it causes), and the long prompt's and the short request's first token. Each budget is a stack of its own, started
+and stopped in interleaved rounds so that the machine's drift falls on each alike. The timing is per chunk of
+streams running beside one another, which `vllm bench serve` does not give: the streams go through the kit's SDK
+client (loadkit.sdk), sent once each.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
+import contextlib
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import openai
-import yaml
 
-from loadkit.bench.launch import wait_ready
-from loadkit.goodput.workload import Ask
-from loadkit.overload.mix import PromptMaker
-from loadkit.service import ProcessGroup, child_env, free_port
+from loadkit.record import Record
+from loadkit.report import progress
+from loadkit.sdk import AttemptLog, make_client, send
+from loadkit.service import BASE_CONFIG, OwnService
 from loadkit.stats import percentile
+from loadkit.waiting import until
+from loadkit.workload import Ask, PromptMaker
 
 STEADY_TOKENS = 10  # tokens every stream has before the long prompt is sent
+say = progress("prefill-share")
 
 
 @dataclass
@@ -43,7 +48,6 @@ class Trial:
 
 @dataclass
 class Plan:
-    repo: Path
     budgets: list[int | None]
     rounds: int = 2
     trials: int = 3  # per stack
@@ -51,63 +55,58 @@ class Plan:
     long_prompt_tokens: int = 1800
     stream_tokens: int = 200
     work_dir: Path = Path("/tmp")
+    base_config: Path = BASE_CONFIG
 
 
-def say(message: str) -> None:
-    print(f"[prefill-share {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+class _Sender:
+    """One trial's streams, each sent once (max_retries=0); a stream that fails ends the trial with its reason."""
 
+    def __init__(self, client, log: AttemptLog, model: str, prompts: PromptMaker, index: int):
+        self.client, self.log, self.model, self.prompts, self.index = client, log, model, prompts, index
 
-def _config(repo: Path, port: int, budget: int | None) -> dict:
-    config = yaml.safe_load((repo / "configs" / "cpu.yaml").read_text())
-    config["service"]["port"] = port
-    model = config["models"][0]
-    if budget is not None:
-        model["engine"]["max_num_batched_tokens"] = budget
-    model["deployment"]["ttft_target_s"] = None  # the engine's own sharing, not admission, is measured here
-    return config
+    def record(self, i: int, prompt_tokens: int, max_tokens: int) -> Record:
+        ask = Ask(index=self.index * 100 + i, prompt_tokens=prompt_tokens, max_tokens=max_tokens, stream=True)
+        return Record(time.monotonic(), ask=ask, chunk_times=[])
 
+    async def send(self, rec: Record) -> Record:
+        await send(self.client, self.log, self.model, self.prompts, rec)
+        if rec.outcome != "ok":
+            raise RuntimeError(f"a stream ended {rec.outcome}: {rec.status or ''} {rec.detail}")
+        return rec
 
-async def _stream(client: openai.AsyncOpenAI, model: str, messages: list, max_tokens: int,
-                  times: list[float]) -> list[float]:
-    """Appends the time of every content chunk of one greedy stream of exactly `max_tokens` tokens to `times`."""
-    stream = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
-                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            times.append(time.monotonic())
-    return times
-
-
-async def _first_token(client: openai.AsyncOpenAI, model: str, messages: list) -> float:
-    t0 = time.monotonic()
-    times = await _stream(client, model, messages, 2, [])
-    return times[0] - t0
+    async def first_token(self, i: int, prompt_tokens: int) -> float:
+        return (await self.send(self.record(i, prompt_tokens, 2))).ttft
 
 
 async def trial(base_url: str, plan: Plan, prompts: PromptMaker, model: str, index: int) -> tuple[float, ...]:
     """(baseline gap, stall, long first token, short first token) of one trial."""
-    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=300) as client:
-        def messages(i: int, tokens: int) -> list:
-            return prompts.messages(Ask(index=index * 100 + i, prompt_tokens=tokens, max_tokens=1, stream=True))
+    client, log = make_client(base_url, 300, max_retries=0)
+    try:
+        sender = _Sender(client, log, model, prompts, index)
+        running = [sender.record(i, 60, plan.stream_tokens) for i in range(plan.streams)]
+        streams = [asyncio.create_task(sender.send(rec)) for rec in running]
 
-        chunk_times: list[list[float]] = [[] for _ in range(plan.streams)]
-        streams = [asyncio.create_task(_stream(client, model, messages(i, 60), plan.stream_tokens, chunk_times[i]))
-                   for i in range(plan.streams)]
+        def steady() -> bool:  # a stream that ended early raised: say why
+            for task in streams:
+                if task.done():
+                    task.result()
+            return min(len(rec.chunk_times) for rec in running) >= STEADY_TOKENS
+
         # The long prompt arrives once every stream decodes steadily (a few tokens each).
-        deadline = time.monotonic() + 120
-        while min(len(t) for t in chunk_times) < STEADY_TOKENS and time.monotonic() < deadline:
-            if any(t.done() for t in streams):
-                await asyncio.gather(*streams)  # a stream that ended early raised: say why
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await until(steady, 120, interval_s=0.05)
         t_long = time.monotonic()
-        long_task = asyncio.create_task(_first_token(client, model, messages(90, plan.long_prompt_tokens)))
+        long_task = asyncio.create_task(sender.first_token(90, plan.long_prompt_tokens))
         await asyncio.sleep(0.1)  # the short request arrives just after the long one, not with it
-        short_ttft = await _first_token(client, model, messages(91, 60))
+        short_ttft = await sender.first_token(91, 60)
         long_ttft = await long_task
         await asyncio.gather(*streams)
+    finally:
+        await client.close()
     t_done = t_long + long_ttft
     before, during = [], []
-    for times in chunk_times:
+    for rec in running:
+        times = rec.chunk_times
         gaps = list(zip(times, times[1:], strict=False))
         before += [b - a for a, b in gaps if b < t_long]
         during += [b - a for a, b in gaps if b > t_long and a < t_done]
@@ -120,26 +119,23 @@ def _median(values: list[float]) -> float:
 
 
 def run_stack(plan: Plan, budget: int | None, round_: int) -> list[Trial]:
-    port = free_port()
-    path = plan.work_dir / f"prefill-share-{budget or 'default'}-{round_}.yaml"
-    path.write_text(yaml.safe_dump(_config(plan.repo, port, budget)))
-    group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path)], cwd=plan.repo,
-                         env=child_env(), log_path=path.with_suffix(".log"))
-    base = f"http://127.0.0.1:{port}"
+    service = OwnService(plan.base_config, f"prefill-share-{budget or 'default'}-{round_}", work_dir=plan.work_dir,
+                         key=False, engine={"max_num_batched_tokens": budget} if budget is not None else None,
+                         deployment={"ttft_target_s": None})  # the engine's own sharing, not admission, is measured
     out = []
     try:
-        why = wait_ready(group, port, timeout_s=600)
+        why = service.start(600, ready_model=service.model)
         if why is not None:
             raise RuntimeError(f"the stack with max_num_batched_tokens={budget} did not start: {why}")
 
         async def go() -> None:
-            async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            async with httpx.AsyncClient(base_url=service.base_url, timeout=60) as http:
                 model = (await http.get("/v1/models")).json()["data"][0]["id"]
                 prompts = PromptMaker()
                 await prompts.calibrate(http, model)
-            await trial(base, plan, prompts, model, 0)  # warm-up, not counted
+            await trial(service.base_url, plan, prompts, model, 0)  # warm-up, not counted
             for i in range(plan.trials):
-                figures = await trial(base, plan, prompts, model, i + 1)
+                figures = await trial(service.base_url, plan, prompts, model, i + 1)
                 out.append(Trial(budget, round_, *figures))
                 say(f"max_num_batched_tokens={budget or 'default'} round {round_} trial {i}: baseline gap "
                     f"{figures[0] * 1000:.0f} ms, stall {figures[1] * 1000:.0f} ms, long first token "
@@ -147,8 +143,8 @@ def run_stack(plan: Plan, budget: int | None, round_: int) -> list[Trial]:
 
         asyncio.run(go())
     finally:
-        report = group.stop(sigint_wait_s=120, sigterm_wait_s=15, sigkill_wait_s=15)
-        say(f"stack stopped: {report.text()}")
+        report = service.stop(sigint_wait_s=120, sigterm_wait_s=15, sigkill_wait_s=15, leftover_wait_s=10)
+        say(f"stack stopped: {report.text() if report else 'never started'}")
     return out
 
 
@@ -172,3 +168,21 @@ def table(trials: list[Trial]) -> list[str]:
                      f"| {stall * 1000:.0f} / {max(t.stall_s for t in ts) * 1000:.0f} "
                      f"| {_median([t.long_ttft_s for t in ts]):.2f} | {_median([t.short_ttft_s for t in ts]):.2f} |")
     return lines
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadkit prefill-share", description=__doc__.split("\n\n")[0],
+                                epilog="On a shared machine wrap it: flock /tmp/realstack.lock .venv/bin/python -m "
+                                "loadkit prefill-share ...")
+    p.add_argument("--budgets", default="256,512,1024,default",
+                   help="comma-separated max_num_batched_tokens values; 'default' is vLLM's own")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--trials", type=int, default=3, help="trials per stack, after one warm-up (default 3)")
+    p.add_argument("--long-prompt", type=int, default=1800, help="the long prompt's tokens (default 1800)")
+    args = p.parse_args(argv)
+    budgets = [None if b.strip() == "default" else int(b) for b in args.budgets.split(",")]
+    with tempfile.TemporaryDirectory(prefix="prefill-share-") as work:
+        trials = run(Plan(budgets=budgets, rounds=args.rounds, trials=args.trials,
+                          long_prompt_tokens=args.long_prompt, work_dir=Path(work)))
+    print("\n".join(table(trials)))
+    return 0

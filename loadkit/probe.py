@@ -1,15 +1,13 @@
-"""The refusal probe: how fast an overloaded service answers a newcomer, measured from its own process.
+"""`python -m loadkit probe`: the refusal probe, how fast an overloaded service answers a newcomer, measured
+from a process of its own.
 
 Every `interval_s` it opens a fresh connection and sends one small chat completion (`max_tokens` 1), then one
 `GET /livez`, with blocking `http.client` and nothing else to do, so its clock measures the service and the
-kernel, not a busy client. The overload driver runs it beside its load generator, whose own event loop (dozens
-of streams parsed in Python on a saturated machine) lags by hundreds of milliseconds and adds that to every
-latency it measures.
+kernel, not a busy client (the overload driver's own event loop, dozens of streams parsed in Python on a
+saturated machine, lags and adds that to every latency it measures). The overload driver runs it beside its
+load. Prints (or writes with --out) JSON: per-outcome latency lists in seconds.
 
-    python -m loadkit.probe --base-url http://127.0.0.1:8000 --model NAME --duration 30 [--api-key KEY]
-    (or scripts/refusal_probe.py, the same command line)
-
-Prints (or writes with --out) JSON: per-outcome latency lists in seconds.
+    python -m loadkit probe --base-url http://127.0.0.1:8000 --model NAME --duration 30 [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -75,8 +73,9 @@ class ProbeFindings:
         return cls(**{k: list(data.get(k, [])) for k in OUTCOMES})
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadkit probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--api-key", default=None)
@@ -92,7 +91,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,24 +1,37 @@
 """A server's process tree, and its memory and CPU by role.
 
-Owns the psutil sampling that both drivers report: the root process, its descendants (Ray's raylet and workers,
-Serve replicas, vLLM's EngineCore) and, optionally, anything carrying the run's tag (a Ray worker re-parented
-away from the tree still counts). `PeakSampler` follows the summed RSS in a thread while a load runs.
+The tree is the root process, its descendants (Ray's raylet and workers, Serve replicas, vLLM's EngineCore) and
+anything carrying the run's tag in its environment (a Ray worker re-parented away from the tree still counts;
+another person's engine never does). `PeakSampler` follows the summed RSS in a thread while a load runs.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
 import psutil
 
-from loadkit.service import tagged_processes
+TAG_ENV = "LOADKIT_TAG"  # set on every process the kit starts; every descendant inherits it
 
 LOAD_GENERATOR = "load generator (this script)"
 ENGINE_CORE = "vLLM EngineCore"
 _ROLES = (("EngineCore", ENGINE_CORE), ("VLLM::Worker", "vLLM worker"), ("ProxyActor", "Serve proxy"),
           ("ServeController", "Serve controller"), ("raylet", "raylet"), ("gcs_server", "gcs_server"))
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Every process whose environment carries `tag` (reading environments is slow: not in a tight loop)."""
+    me, found = os.getpid(), []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != me and p.environ().get(TAG_ENV) == tag:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def role_of(p: psutil.Process, root_pid: int | None) -> str:
@@ -49,11 +62,9 @@ def _spawned_by_replica(p: psutil.Process) -> bool:
 
 def engine_core_of(replica: psutil.Process) -> psutil.Process | None:
     """The live EngineCore process an engine replica runs, or None (none yet, or it died): its descendant whose
-    role is the EngineCore's.
-
-    vLLM titles it `VLLM::EngineCore`; CI runs (2026-12-02 04:26 and 05:41) found one of two serving engines still
-    titled as the multiprocessing child its replica spawned, so that child counts too (`role_of`; the replica's
-    other multiprocessing child, the resource tracker, is not spawned through `multiprocessing.spawn`)."""
+    role is the EngineCore's. vLLM titles it `VLLM::EngineCore`, but a serving engine may still carry the title
+    of the multiprocessing child its replica spawned, so that child counts too (the replica's other
+    multiprocessing child, the resource tracker, is not spawned through `multiprocessing.spawn`)."""
     try:
         for p in replica.children(recursive=True):
             if p.status() != psutil.STATUS_ZOMBIE and role_of(p, root_pid=None) == ENGINE_CORE:

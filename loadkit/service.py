@@ -1,27 +1,40 @@
-"""A server under test as a process group: started in its own session, stopped leaving nothing behind.
+"""The service under test and the processes it runs as: started in a session of its own, stopped leaving nothing.
 
-Owns the life of the processes a test or a driver starts (this project's `app serve`, bare vLLM, a peer from
-benchmarks/): start, stop (SIGINT to the group, as Ctrl-C in a terminal, then SIGTERM, then SIGKILL), and the
-search for leftovers. Every process started here carries a tag in its environment, which every descendant
-inherits (Ray workers and vLLM's EngineCore included): that is how leftovers are told apart from other
-people's engines and Rays on the same machine, which are never touched.
+A `ProcessGroup` is one command in its own session: stopped with SIGINT to the group (Ctrl-C in a terminal),
+then SIGTERM, then SIGKILL, then its leftovers. Every process started here carries a tag in its environment that
+every descendant inherits (Ray workers and vLLM's EngineCore included): that is how leftovers are told apart from
+other people's engines and Rays on the same machine, which are never touched. A `Server` is a system under test
+(this project or a peer) as such a group on a free loopback port, its process tree followed, ready once it
+answers. `OwnService` is this project's service on a config derived from a base config; `RunningService` one
+already running, driven by URL (loopback only).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import secrets
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import psutil
+import yaml
 
-TAG_ENV = "LOADKIT_TAG"
+from loadkit.proctree import TAG_ENV, PeakSampler, ProcessTree, tagged_processes
+from loadkit.waiting import NotReached, wait_until
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout the kit runs from: configs/, benchmarks/, `python -m app`
+BASE_CONFIG = REPO / "configs" / "cpu.yaml"  # what every derived config starts from unless told otherwise
 # Names and command-line fragments of what a stack leaves when it dies badly (Ray, Serve, vLLM, the peers).
 STACK_MARKERS = ("VLLM::EngineCore", "VLLM::Worker", "raylet", "gcs_server", "ray::", "ServeReplica",
                  "ServeController")
@@ -46,22 +59,15 @@ def child_env(drop: Iterable[str] = ("RAY_ADDRESS", "APP_API_KEYS"), **extra: st
     return env
 
 
+def pythonpath(repo: Path = REPO) -> str:
+    """PYTHONPATH with the checkout first: a child imports the kit (and runs `-m loadkit ...`) before a reinstall."""
+    return os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def _restore_sigint() -> None:
     # A process started in the background by a non-interactive shell has SIGINT ignored, and an ignored
     # signal stays ignored across exec: without this, "Ctrl-C" to the group would test nothing.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Every process whose environment carries `tag` (reading environments is slow: not in a tight loop)."""
-    me, found = os.getpid(), []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != me and p.environ().get(TAG_ENV) == tag:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def processes_started_since(since: float, markers: Iterable[str] = STACK_MARKERS,
@@ -230,12 +236,241 @@ class ProcessGroup:
         return _alive(found.values())
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, gave_up: Callable[[], bool] = lambda: False,
-               interval_s: float = 0.5) -> bool:
-    """Polls `condition` until it holds (True), or `timeout_s` passes or `gave_up()` (False)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not gave_up():
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return False
+
+def last_error_line(log: str) -> str:
+    """The line of a log that says why a process died (the exception of its last traceback), or its last line."""
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line.split(":", 1)[0] or line.startswith(("ModuleNotFoundError", "ImportError")):
+            return line[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+class Server:
+    """A system under test running as a process group on a loopback port (this project, or a peer): its whole
+    process tree followed (its peak RSS sampled in a thread, with `sample_peak`), ready once it answers, stopped
+    leaving nothing behind."""
+
+    def __init__(self, command: list[str], *, port: int, log_path: Path, cwd: Path = REPO,
+                 env: dict[str, str] | None = None, sample_peak: bool = False):
+        self.command, self.port, self.log_path = command, port, Path(log_path)
+        self.group = ProcessGroup(command, cwd=cwd, env=child_env() if env is None else env, log_path=self.log_path)
+        self.tree = ProcessTree(self.group.pid, self.group.tag)
+        self.sampler = PeakSampler(self.tree).start() if sample_peak else None
+        self.started = time.monotonic()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def running(self) -> bool:
+        return self.group.running()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.group.log_tail(chars)
+
+    def wait_ready(self, timeout_s: float, model: str | None = None, api_key: str | None = None) -> str | None:
+        """None once it answers, else why not. With `model`: once /v1/models lists it and one tiny chat completion
+        succeeds (what every OpenAI-compatible peer answers); without: once /health answers 200."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        last = ["no answer yet"]
+
+        def answers() -> bool:
+            try:
+                if model is None:
+                    r = httpx.get(f"{self.base_url}/health", headers=headers, timeout=5)
+                    last[0] = f"/health: HTTP {r.status_code}"
+                    return r.status_code == 200
+                r = httpx.get(f"{self.base_url}/v1/models", headers=headers, timeout=5)
+                if r.status_code != 200 or model not in r.text:
+                    last[0] = f"/v1/models: HTTP {r.status_code}"
+                    return False
+                r = httpx.post(f"{self.base_url}/v1/chat/completions", headers=headers, timeout=120, json={
+                    "model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+                    "temperature": 0})
+                last[0] = f"probe chat completion: HTTP {r.status_code}: {r.text[:300]}"
+                return r.status_code == 200
+            except httpx.HTTPError as err:  # not listening yet
+                last[0] = f"{type(err).__name__}: {err}"
+                return False
+
+        try:
+            wait_until(answers, timeout_s, interval_s=1.0, gave_up=lambda: not self.running())
+            return None
+        except NotReached:
+            if not self.running():
+                return (f"exited with status {self.group.proc.returncode} while starting: "
+                        f"{last_error_line(self.group.log_tail(20000))}")
+            return f"not ready within {timeout_s:.0f} s (last: {last[0]})"
+
+    def stop(self, sigint_wait_s: float = 60, sigterm_wait_s: float = 15, sigkill_wait_s: float = 15,
+             leftover_wait_s: float = 10) -> StopReport:
+        """Stops the group (SIGINT, then harder) and every process its tree ever showed."""
+        if self.sampler is not None:
+            self.sampler.sample()  # a last look, so that every process it had is checked
+            self.sampler.close()
+        else:
+            self.tree.processes()
+        return self.group.stop(sigint_wait_s=sigint_wait_s, sigterm_wait_s=sigterm_wait_s,
+                               sigkill_wait_s=sigkill_wait_s, leftover_wait_s=leftover_wait_s,
+                               seen=self.tree.known())
+
+
+# -- this project's service ---------------------------------------------------------------------------------------
+
+def derive_config(base: Path | dict, port: int, api_key: str | None = None, *, service: dict | None = None,
+                  model: dict | None = None, engine: dict | None = None, deployment: dict | None = None,
+                  limits: dict | None = None) -> dict:
+    """A copy of `base` (a service config, or the path of one) listening on 127.0.0.1:`port` with `api_key` as its
+    one key (None: no key), each section updated with the entries given (`model` and below: the first model's)."""
+    config = yaml.safe_load(base.read_text()) if isinstance(base, Path) else yaml.safe_load(yaml.safe_dump(base))
+    config.setdefault("service", {}).update({"host": "127.0.0.1", "port": port,
+                                             "api_keys": [api_key] if api_key else [], **(service or {})})
+    first = config["models"][0]
+    first.update(model or {})
+    for section, changes in (("engine", engine), ("deployment", deployment), ("limits", limits)):
+        if changes:
+            first.setdefault(section, {}).update(changes)
+    return config
+
+
+def write_config(config: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def app_command(config_path: Path, *flags: str) -> list[str]:
+    """This project's service, as a user starts it (a process: the kit imports nothing from app/)."""
+    return [sys.executable, "-m", "app", "serve", "--config", str(config_path), *flags]
+
+
+def prepare_model(repo: Path = REPO) -> str:
+    """The default model's folder, as the service prepares it (`python -m app prepare-model`)."""
+    out = subprocess.run([sys.executable, "-m", "app", "prepare-model"], cwd=repo, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+class OwnService:
+    """This project's service under test: `python -m app serve` on a config derived from `base_config` (a free
+    loopback port, a fresh API key unless `key` is False, the section changes given), its config and log in a
+    folder of its own; stopped with Ctrl-C to its process group, whatever outlives it killed and reported."""
+
+    def __init__(self, base_config: Path, name: str, *, repo: Path = REPO, work_dir: Path | None = None,
+                 key: bool = True, **changes: dict):
+        self.repo, self.name = repo, name
+        self.base_name = os.path.relpath(base_config, repo)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
+        self.host, self.port = "127.0.0.1", free_port()
+        self.api_key = f"{name}-{secrets.token_hex(8)}" if key else None
+        self.config = derive_config(base_config, self.port, self.api_key, **changes)
+        self.model: str | None = self.config["models"][0]["id"]
+        self.config_path = write_config(self.config, self.dir / f"{name}.yaml")
+        self.log_path = self.dir / "service.log"
+        self.server: Server | None = None
+        self.tree = ProcessTree(None)
+        self.stop_report: StopReport | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.group.pid if self.server else None
+
+    def start(self, startup_timeout_s: float, ready_model: str | None = None) -> str | None:
+        """Starts it; None once ready (/health 200, or with `ready_model` a chat answered), else why not."""
+        self.server = Server(app_command(self.config_path, "--startup-timeout", str(int(startup_timeout_s))),
+                             port=self.port, log_path=self.log_path, cwd=self.repo)
+        self.tree = self.server.tree
+        return self.server.wait_ready(startup_timeout_s, ready_model, self.api_key)
+
+    def running(self) -> bool:
+        return self.server is not None and self.server.running()
+
+    def stop(self, sigint_wait_s: float = 120, sigterm_wait_s: float = 0, sigkill_wait_s: float = 30,
+             leftover_wait_s: float = 20) -> StopReport | None:
+        if self.server is None:
+            return None
+        self.stop_report = self.server.stop(sigint_wait_s, sigterm_wait_s, sigkill_wait_s, leftover_wait_s)
+        return self.stop_report
+
+    def leftover(self) -> list[str] | None:
+        """What outlived its stop and was killed (None: not stopped)."""
+        r = self.stop_report
+        return None if r is None else [*r.killed, *r.still_alive]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_text()[-chars:]
+
+
+class NotLoopback(ValueError):
+    pass
+
+
+def loopback_url(url: str) -> tuple[str, int]:
+    """(host, port) of a loopback http URL; `NotLoopback` for anything else."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.scheme != "http":
+        raise NotLoopback(f"{url}: only plain http on loopback is driven")
+    try:
+        loop = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loop = False
+    if not loop:
+        raise NotLoopback(f"{url}: {host or 'no host'} is not a loopback address; the kit drives loopback only")
+    return ("127.0.0.1" if host == "localhost" else host), parts.port or 80
+
+
+def service_pid(port: int, or_listener: bool = False) -> int | None:
+    """The `app serve` process above whoever listens on `port` (same user); `or_listener`: else the listener."""
+    try:
+        pids = [c.pid for c in psutil.net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    except psutil.Error:
+        return None
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            for q in [p, *p.parents()]:
+                cmd = " ".join(q.cmdline())
+                if "app serve" in cmd or "app.cli" in cmd:
+                    return q.pid
+            if or_listener:
+                return p.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+@dataclass
+class RunningService:
+    """A service already running, driven by URL (loopback only); `pid`: the process whose tree is its (None:
+    found through the port, `or_listener` as `service_pid` says)."""
+
+    base_url: str
+    api_key: str | None = None
+    model: str | None = None
+    pid: int | None = None
+    or_listener: bool = False
+    tree: ProcessTree = field(init=False)
+
+    def __post_init__(self):
+        self.base_url = self.base_url.rstrip("/")
+        self.host, self.port = loopback_url(self.base_url)
+        self.pid = self.pid or service_pid(self.port, self.or_listener)
+        self.tree = ProcessTree(self.pid)
+
+    def running(self) -> bool:
+        return self.pid is not None and psutil.pid_exists(self.pid)
+
+    def leftover(self) -> list[str] | None:
+        return None  # not ours to stop

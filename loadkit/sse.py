@@ -1,8 +1,7 @@
-"""A streaming chat completion read as server-sent events, over httpx.
+"""An OpenAI-style stream as server-sent events, read raw over httpx: `data: {json}` lines, ended by `data: [DONE]`.
 
-Owns the wire format of an OpenAI-style stream: `data: {json}` lines, ended by `data: [DONE]`. `ChatStream`
-yields each JSON event and remembers whether the stream ended properly, so a stream cut off without the
-marker is told apart from one that finished.
+`ChatStream` yields each JSON event of a response as it arrives and remembers whether the stream ended properly,
+so a stream cut off without the marker is told apart from one that finished; `read_events` reads a whole body.
 """
 
 from __future__ import annotations
@@ -39,11 +38,15 @@ def delta_text(event: dict) -> str:
     return "".join((c.get("delta") or {}).get("content") or "" for c in event.get("choices") or ())
 
 
-def parse(raw: str) -> list[dict | str]:
-    """Every event of a complete SSE body, `[DONE]` as the string; for bodies read in one piece."""
-    out: list[dict | str] = []
+def read_events(raw: str) -> tuple[list[dict], bool]:
+    """A whole stream's `data:` events (JSON) and whether `[DONE]` ended it; `event:` lines carry nothing the data
+    does not (the Responses API repeats the type in the data)."""
+    events, done = [], False
     for line in raw.splitlines():
         if line.startswith("data:"):
             data = line[5:].strip()
-            out.append(data if data == DONE else json.loads(data))
-    return out
+            if data == DONE:
+                done = True
+            elif data:
+                events.append(json.loads(data))
+    return events, done

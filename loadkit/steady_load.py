@@ -3,34 +3,27 @@ deployment under it.
 
 Each client loops until stopped: plain or streaming chat requests, greedy or sampled, with the SDK's retries
 off (`max_retries=0`), so every failure the service lets through is seen and recorded. A stream counts as
-served only when it ends with a `finish_reason`; one that stops without it is "broken".
+served only when it ends with a `finish_reason`; one that stops without it is "broken". Each answer is a Record
+whose outcome is SERVED, "broken", or the exception's type and message.
 
     with SteadyLoad(base_url, api_key, model, plain=3, streaming=2) as load:
         ...change something...
         load.wait_served(10)                       # at least 10 more answers since the call
-    load.failures(since=t)                         # (sent_at, outcome) of every non-served answer
+    load.failures(since=t)                         # the record of every non-served answer
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import openai
 
+from loadkit.record import Record
 from loadkit.waiting import wait_until
 
 SERVED = "served"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    sent_at: float  # time.monotonic() when the request was sent
-    ended_at: float
-    streaming: bool
-    result: str  # SERVED, "broken" (a stream without finish_reason), or the exception's type and message
-    longest_wait_s: float  # the longest the client waited for anything: a stream's gaps (the first byte's too)
+STREAM, PLAIN = "stream", "plain"  # the records' kinds
 
 
 class SteadyLoad:
@@ -43,7 +36,7 @@ class SteadyLoad:
         self._max_tokens = max_tokens
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[Record] = []
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(len(self._clients))]
 
     def __enter__(self) -> SteadyLoad:
@@ -87,25 +80,26 @@ class SteadyLoad:
             ended = time.monotonic()
             longest = max(longest, ended - last)  # a plain answer: its whole time
             with self._lock:
-                self.outcomes.append(Outcome(sent, ended, streaming, result, longest))
+                self.outcomes.append(Record(sent, ended, result, kind=STREAM if streaming else PLAIN,
+                                            longest_wait_s=longest))
 
     def served(self) -> int:
         with self._lock:
-            return sum(o.result == SERVED for o in self.outcomes)
+            return sum(o.outcome == SERVED for o in self.outcomes)
 
     def wait_served(self, more: int, timeout_s: float = 300, what: str = "") -> None:
         target = self.served() + more
         wait_until(lambda: self.served() >= target, timeout_s=timeout_s, what=what or f"{more} more answers served")
 
-    def since(self, t: float) -> list[Outcome]:
+    def since(self, t: float) -> list[Record]:
         with self._lock:
-            return [o for o in self.outcomes if o.sent_at >= t]
+            return [o for o in self.outcomes if o.start >= t]
 
-    def failures(self, since: float = 0.0) -> list[Outcome]:
-        return [o for o in self.since(since) if o.result != SERVED]
+    def failures(self, since: float = 0.0) -> list[Record]:
+        return [o for o in self.since(since) if o.outcome != SERVED]
 
     def summary(self, since: float = 0.0) -> str:
         got = self.since(since)
-        failed = [o.result for o in got if o.result != SERVED]
+        failed = [o.outcome for o in got if o.outcome != SERVED]
         return f"{len(got)} requests, {len(got) - len(failed)} served, failures: {failed[:8]}"
 

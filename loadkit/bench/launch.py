@@ -9,27 +9,22 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from loadkit.bench.cluster_facts import config_changes, observed, wait_facts
+from loadkit.bench.cluster import config_changes, observed, wait_facts
 from loadkit.bench.load import SEED, Step, load_command, prompts_for, run_load, warmups_for
 from loadkit.bench.results import Launch, StepRecord
-from loadkit.bench.systems import MODEL_ID, Launchable, Variant, cluster_facts_path, system_command, system_env
+from loadkit.peers import MODEL_ID, Launchable, Variant, cluster_facts_path, start
 from loadkit.precision import resolved_dtype
-from loadkit.proctree import PeakSampler, ProcessTree
-from loadkit.service import ProcessGroup, free_port
+from loadkit.proctree import PeakSampler
+from loadkit.report import progress
+from loadkit.service import Server
 
 # `serve shutdown` of two engines, then three nodes stopped one by one (each may take its 40 s grace).
 CLUSTER_STOP_GRACE_S = 240.0
-
-
-def say(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+say = progress("bench")
 
 
 @dataclass(frozen=True)
@@ -44,41 +39,6 @@ class Sweep:
     startup_timeout_s: float
     run_timeout_s: float | None
     stop_grace_s: float
-
-
-def last_error_line(log: str) -> str:
-    """The line of a log that says why a process died (the exception of its last traceback), or its last line."""
-    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "Error" in line.split(":", 1)[0] or line.startswith(("ModuleNotFoundError", "ImportError")):
-            return line[:300]
-    return lines[-1][:300] if lines else "(empty log)"
-
-
-def wait_ready(group: ProcessGroup, port: int, timeout_s: float) -> str | None:
-    """None when /v1/models lists the model and one tiny chat completion succeeds; else why not."""
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    last = "no answer yet"
-    while time.monotonic() < deadline:
-        if not group.running():
-            return (f"exited with status {group.proc.returncode} while starting: "
-                    f"{last_error_line(group.log_tail(20000))}")
-        try:
-            r = httpx.get(f"{base}/v1/models", timeout=5)
-            if r.status_code == 200 and MODEL_ID in r.text:
-                r = httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
-                    "model": MODEL_ID, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
-                    "temperature": 0})
-                if r.status_code == 200:
-                    return None
-                last = f"probe chat completion: HTTP {r.status_code}: {r.text[:300]}"
-            else:
-                last = f"/v1/models: HTTP {r.status_code}"
-        except httpx.HTTPError as err:  # not listening yet
-            last = f"{type(err).__name__}: {err}"
-        time.sleep(1.0)
-    return f"not ready within {timeout_s:.0f} s (last: {last})"
 
 
 def trace_prefix(v: Variant, step: Step, round_: int) -> str:
@@ -111,32 +71,6 @@ def _step(v: Variant, sweep: Sweep, port: int, sampler: PeakSampler, step: Step,
                       result=str(at.work / name) if err is None else None, error=err)
 
 
-@dataclass
-class Server:
-    """A variant's server while it runs (for every driver that starts the bench's systems): its process group on a
-    free port, the sampler of its whole tree's RSS, and `stop`, which leaves nothing behind."""
-
-    group: ProcessGroup
-    sampler: PeakSampler
-    port: int
-    command: list[str]
-    started: float  # monotonic
-
-    @classmethod
-    def start(cls, v: Variant, at: Launchable, log_path: Path) -> Server:
-        port = free_port()
-        command = system_command(v, port, at)
-        group = ProcessGroup(command, cwd=at.repo, env=system_env(at.repo, at.engine), log_path=log_path)
-        return cls(group, PeakSampler(ProcessTree(group.pid, group.tag)).start(), port, command, time.monotonic())
-
-    def stop(self, sigint_wait_s: float) -> str:
-        """Stops the group (SIGINT, then harder) and every process the sampler saw; how that went."""
-        self.sampler.sample()
-        seen = self.sampler.known()
-        self.sampler.close()
-        return self.group.stop(sigint_wait_s=sigint_wait_s, seen=seen).text()
-
-
 def _cluster_facts(v: Variant, sweep: Sweep, server: Server) -> dict | None:
     """For `app-cluster`: what benchmarks/app_cluster.py wrote once every replica ran, and the config's changes."""
     if v.system != "app-cluster":
@@ -159,14 +93,14 @@ def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[S
     """One launch of `v`: every step once with round `round_`'s prompts (seed SEED + round_)."""
     at = sweep.at
     log_path = at.work / f"{v.system}-{v.dtype}.r{round_}.server.log"
-    server = Server.start(v, at, log_path)
+    server = start(v, at, log_path)
     group, sampler, port, started = server.group, server.sampler, server.port, server.started
     launch = Launch(system=v.system, dtype=v.dtype, round=round_, port=port, command=server.command,
                     log_path=str(log_path))
     records: list[StepRecord] = []
     say(f"{v.key}: round {round_}: started on port {port}: {shlex.join(server.command)}")
     try:
-        why = wait_ready(group, port, sweep.startup_timeout_s)
+        why = server.wait_ready(sweep.startup_timeout_s, MODEL_ID)
         if why:
             launch.status = f"failed to start: {why}"
             say(f"{v.key}: {launch.status}\n--- log tail ---\n{group.log_tail(2000)}\n---")
@@ -194,5 +128,5 @@ def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[S
         return launch, records
     finally:
         grace = max(sweep.stop_grace_s, CLUSTER_STOP_GRACE_S) if v.system == "app-cluster" else sweep.stop_grace_s
-        launch.stop_report = server.stop(grace)
+        launch.stop_report = server.stop(grace).text()
         say(f"{v.key}: {launch.stop_report}")

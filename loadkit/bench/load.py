@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadkit.bench.systems import MODEL_ID
+from loadkit.peers import MODEL_ID
 
 FULL_SWEEP = (1, 4, 16, 64)
 DEFAULT_INPUT_LEN = 128

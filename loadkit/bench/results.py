@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from loadkit.bench.systems import Variant
+from loadkit.peers import Variant
 from loadkit.stats import PooledFigures, pool_result_files
 
 
@@ -26,7 +26,7 @@ class Launch:
     status: str = "not run"  # ok | failed to start: ... | exited with status N during the benchmark
     stop_report: str = ""
     resolved_dtype: str | None = None  # what the engine said it computes in (what `auto` became)
-    cluster: dict | None = None  # app-cluster: timings, replicas and shares (cluster_facts.observed)
+    cluster: dict | None = None  # app-cluster: timings, replicas and shares (loadkit.bench.cluster.observed)
 
 
 @dataclass

@@ -1,30 +1,49 @@
-"""One benchmark run from start to report: rounds over every variant, pooling, results.json, report and plots.
+"""`python -m loadkit bench`: one benchmark run from start to report (rounds over every variant, pooling,
+results.json, report and plots), or `--report-only`, which rewrites the report of an earlier run.
 
-`run(options)` is what `scripts/bench.py` calls; `report_only(...)` rewrites the report of an earlier run.
 Rounds, not one system's repeats back to back: the machine's speed drifts over minutes, and in rounds that drift
 falls on every system (and every precision) alike.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadkit.bench.launch import Sweep, bench_variant, say
-from loadkit.bench.load import DEFAULT_INPUT_LEN, FULL_SWEEP, plan, repeats_for
-from loadkit.bench.meta import ReportOptions, RunMeta
-from loadkit.bench.plots import write_plots
-from loadkit.bench.report import short, write_report
+from loadkit.bench.load import DEFAULT_INPUT_LEN, DEFAULT_REPEATS, FULL_SWEEP, plan, repeats_for
+from loadkit.bench.report import ReportOptions, write_plots, write_report
 from loadkit.bench.results import Launch, StepRecord, SystemRun, pool_rounds
-from loadkit.bench.systems import DEFAULT_SYSTEMS, Engine, Launchable, Variant, variants
 from loadkit.machine import machine, versions
-from loadkit.service import PEER_MARKERS, processes_started_since
+from loadkit.peers import DEFAULT_SYSTEMS, SYSTEMS, Engine, Launchable, Variant, config_dtype, variants
+from loadkit.precision import DTYPES, parse_dtypes
+from loadkit.report import RunMeta, command_line, short
+from loadkit.service import PEER_MARKERS, REPO, prepare_model, processes_started_since
+
+ABOUT = """This project against its peers, side by side: each system in turn started on the default model with
+identical engine settings, driven with the same load (vLLM's own load generator, `vllm bench serve`, on the
+streaming chat endpoint) at each --max-concurrency of the sweep, stopped leaving no process behind; in --repeats
+interleaved rounds, pooled; then docs/benchmarks.md and two plots (docs/benchmarks.md says how to read them).
+
+Systems (--systems; by default app, vllm, ray-llm, naive; `all` adds the others):
+  app          this project: `python -m app serve --config <derived from configs/cpu.yaml>`
+  app-proxy    the same through Ray Serve's HTTP proxy (`--serve-proxy`), the KubeRay path
+  app-ingress  the same with a separate ingress deployment (`service.colocate_ingress: false`)
+  app-cluster  the KubeRay path with two replicas on a local multi-node Ray cluster (benchmarks/app_cluster.py)
+  vllm         bare vLLM: `python -m vllm.entrypoints.openai.api_server ...`
+  ray-llm      Ray Serve LLM: benchmarks/ray_serve_llm.py (ray.serve.llm.build_openai_app)
+  naive        baseline: benchmarks/naive_fastapi.py (FastAPI + transformers generate, Semaphore(2))
+
+    python -m loadkit bench                       # the full sweep (make bench)
+    python -m loadkit bench --systems app,vllm --dtype bfloat16,float32,auto --concurrency 1,4
+    python -m loadkit bench --quick               # naive baseline, a handful of requests
+    python -m loadkit bench --report-only bench-results/<timestamp>   # redo report + plots only
+"""
 
 
 @dataclass
@@ -62,13 +81,6 @@ class Options:
         return ReportOptions(input_len=self.input_len, warmups=self.warmups, repeats=self.repeats,
                              ray_stream_batching_ms=self.ray_stream_batching_ms, note=self.note, dtypes=self.dtypes,
                              dtypes_asked=self.dtypes_asked)
-
-
-def prepare_model(repo: Path) -> str:
-    """The default model's folder, as the service prepares it (run as a command: the kit imports no app/)."""
-    out = subprocess.run([sys.executable, "-m", "app", "prepare-model"], cwd=repo, capture_output=True, text=True,
-                         check=True)
-    return out.stdout.strip().splitlines()[-1]
 
 
 def _rounds(o: Options, sweep: Sweep, plan_: list[Variant]) -> tuple[dict, dict, bool]:
@@ -144,3 +156,89 @@ def report_only(work: Path, out_dir: Path, repo: Path) -> int:
     plots = write_plots(out_dir, runs, meta.full)
     say(f"wrote {report}, {', '.join(str(p) for p in plots)} from {work / 'results.json'}")
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadkit bench", description=ABOUT,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)}, or `all` "
+                   f"(default: {','.join(DEFAULT_SYSTEMS)}; with --quick: naive)")
+    p.add_argument("--dtype", default=None,
+                   help=f"comma-separated precisions, of {', '.join(DTYPES)}: every vLLM-based system runs at each "
+                   "(default: configs/cpu.yaml's engine.dtype)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"rounds: every system swept this many times, interleaved, pooled (default {DEFAULT_REPEATS}; "
+                   "the naive baseline 1; --quick: 1)")
+    p.add_argument("--concurrency", default=None,
+                   help="comma-separated --max-concurrency sweep (default 1,4,16,64; with --quick: 2)")
+    p.add_argument("--quick", action="store_true",
+                   help="one system, one concurrency, a handful of short requests (a smoke run)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts per run (default max(8, 4 x concurrency); --quick: 4)")
+    p.add_argument("--input-len", type=int, default=None,
+                   help=f"prompt tokens (default {DEFAULT_INPUT_LEN}; --quick: 32)")
+    p.add_argument("--output-len", type=int, default=None,
+                   help="output tokens (default 64 at concurrency 1, else 128; --quick: 16)")
+    p.add_argument("--warmups", type=int, default=None,
+                   help="warm-up requests before each run (default: as many as the concurrency, at least 2; "
+                   "naive: 2; --quick: 1)")
+    p.add_argument("--out-dir", type=Path, default=REPO / "docs",
+                   help="where benchmarks.md and the plots go (default docs/)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="raw results and logs (default bench-results/<timestamp>/)")
+    p.add_argument("--model-dir", default=None, help="model folder (default: `python -m app prepare-model`)")
+    p.add_argument("--startup-timeout", type=float, default=900.0, help="seconds each system may take to become ready")
+    p.add_argument("--run-timeout", type=float, default=None,
+                   help="seconds one load run may take (default: scaled to its size)")
+    p.add_argument("--stop-grace", type=float, default=60.0, help="seconds after SIGINT before SIGTERM/SIGKILL")
+    p.add_argument("--ray-stream-batching-ms", type=float, default=None,
+                   help="Ray Serve LLM's stream_batching_interval_ms (default: its own, 50 ms; 0 sends every token "
+                   "at once)")
+    p.add_argument("--report-only", type=Path, default=None, metavar="WORK_DIR",
+                   help="start nothing: rewrite the report and plots from WORK_DIR/results.json of an earlier run")
+    p.add_argument("--note", default="", help="a line for the top of the report")
+    return p
+
+
+def options(argv: list[str]) -> Options | argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.report_only:
+        return args
+    names = ",".join(SYSTEMS) if args.systems == "all" else args.systems
+    systems = [s.strip() for s in names.split(",") if s.strip()] if names else (
+        ["naive"] if args.quick else list(DEFAULT_SYSTEMS))
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        p.error(f"unknown system(s) {', '.join(bad)}; choose from {', '.join(SYSTEMS)}")
+    try:
+        dtypes = parse_dtypes(args.dtype) if args.dtype else [config_dtype(REPO)]
+    except ValueError as err:
+        p.error(str(err))
+    conc = args.concurrency or ("2" if args.quick else ",".join(map(str, FULL_SWEEP)))
+    concurrency = [int(c) for c in conc.split(",") if c.strip()]
+    if args.quick:
+        systems, concurrency = systems[:1], concurrency[:1]
+        args.num_prompts = args.num_prompts or 4
+        args.input_len = args.input_len or 32
+        args.output_len = args.output_len or 16
+        args.warmups = 1 if args.warmups is None else args.warmups
+        args.repeats = args.repeats or 1
+    if not concurrency or any(c < 1 for c in concurrency):
+        p.error("--concurrency needs positive integers")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats needs a positive integer")
+    return Options(
+        repo=REPO, systems=systems, dtypes=dtypes, dtypes_asked=bool(args.dtype), config_dtype=config_dtype(REPO),
+        concurrency=concurrency, repeats=args.repeats, quick=args.quick, num_prompts=args.num_prompts,
+        input_len=args.input_len or DEFAULT_INPUT_LEN, output_len=args.output_len, warmups=args.warmups,
+        out_dir=args.out_dir, work_dir=args.work_dir, model_dir=args.model_dir, startup_timeout=args.startup_timeout,
+        run_timeout=args.run_timeout, stop_grace=args.stop_grace, ray_stream_batching_ms=args.ray_stream_batching_ms,
+        note=args.note, command=command_line("bench", argv))
+
+
+def main(argv: list[str]) -> int:
+    o = options(argv)
+    if isinstance(o, argparse.Namespace):
+        return report_only(o.report_only.resolve(), o.out_dir.resolve(), REPO)
+    return run(o)

@@ -1,8 +1,8 @@
-"""The chaos driver's command line (scripts/chaos.py): a local cluster of its own (`python -m app cluster up`:
-a head and two worker nodes), the KubeRay manifest's Serve config deployed onto it with `serve deploy` (two
-engine replicas, one per worker, the ingress and Serve's proxy on the head), each fault in turn under steady
-load (round.py), then the table (report.py) into docs/chaos.md. Bounded: one round per fault, each within
---round-timeout; loopback only; the cluster is stopped at the end, leaving no process.
+"""`python -m loadkit chaos`: a local cluster of its own (`python -m app cluster up`: a head and two worker nodes),
+the KubeRay manifest's Serve config deployed onto it with `serve deploy` (two engine replicas, one per worker, the
+ingress and Serve's proxy on the head), each fault of issue 13 in turn under steady load (round.py), then the
+table into docs/chaos.md. Bounded: one round per fault, each within --round-timeout; loopback only; the cluster is
+stopped at the end, leaving no process. About 15 minutes on two cores.
 """
 
 from __future__ import annotations
@@ -10,36 +10,29 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from loadkit.chaos.faults import FAULTS, Target
-from loadkit.chaos.report import DOC, passed, row, section
-from loadkit.chaos.round import ANSWER_TOKENS, LONG_STREAMS, RoundResult, run_round
+from loadkit.chaos.round import ANSWER_TOKENS, DOC, LONG_STREAMS, RoundResult, passed, row, run_round, section
 from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster
 from loadkit.long_stream import LONG
 from loadkit.machine import git_commit, machine, vllm_version
 from loadkit.markdown import write_section
-from loadkit.service import child_env, free_port
+from loadkit.peers import APP_NAME, ENGINE_DEPLOYMENT, MANIFEST, MODEL_ID, manifest_serve_config
+from loadkit.report import command_line, progress
+from loadkit.service import REPO, child_env, free_port
 from loadkit.waiting import wait_until
 
-APP, MODEL = "llm", "smollm2-135m-instruct"
-DEPLOYMENT = "engine-" + MODEL
-
-
-def log(text: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+log = progress("chaos")
 
 
 def serve_config(manifest: Path, port: int, drain_grace_s: float) -> dict:
     """The manifest's serveConfigV2 as it is, but for where the proxy listens (loopback, a free port) and the
     engine replicas' drain grace (short, so that a rolling update stops replicas with requests in flight)."""
-    config = yaml.safe_load(yaml.safe_load(manifest.read_text())["spec"]["serveConfigV2"])
+    config = manifest_serve_config(manifest.read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] = drain_grace_s
     return config
@@ -57,7 +50,7 @@ def _cluster_cli(env: dict[str, str], *args: str) -> str:
 def drive(o: argparse.Namespace, env: dict[str, str], key: str) -> list[RoundResult]:
     cluster = LocalCluster(o.work_dir / "cluster")
     port = free_port()
-    target = Target(cluster, APP, DEPLOYMENT, serve_config(o.manifest, port, o.drain_grace), o.work_dir,
+    target = Target(cluster, APP_NAME, ENGINE_DEPLOYMENT, serve_config(o.manifest, port, o.drain_grace), o.work_dir,
                     add_worker=lambda: _cluster_cli(env, "add-worker"))
     log(f"deploying {o.manifest.name}'s serveConfigV2 onto the cluster (proxy on 127.0.0.1:{port})")
     cluster.deploy(target.serve_config, o.work_dir)
@@ -65,7 +58,8 @@ def drive(o: argparse.Namespace, env: dict[str, str], key: str) -> list[RoundRes
     results = []
     for name in o.faults:
         log(f"round {name}: {FAULTS[name].what}")
-        result = run_round(target, FAULTS[name], f"http://127.0.0.1:{port}", key, MODEL, timeout_s=o.round_timeout)
+        result = run_round(target, FAULTS[name], f"http://127.0.0.1:{port}", key, MODEL_ID,
+                           timeout_s=o.round_timeout)
         log(row(result))
         results.append(result)
         if result.capacity_back_s is None:
@@ -74,11 +68,13 @@ def drive(o: argparse.Namespace, env: dict[str, str], key: str) -> list[RoundRes
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    repo = Path(__file__).resolve().parents[2]
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadkit chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="python -m loadkit chaos --faults node-loss --output -")
+    repo = REPO
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, in order (default {','.join(FAULTS)})")
-    p.add_argument("--manifest", type=Path, default=repo / "configs" / "kuberay" / "rayservice-cpu.yaml")
+    p.add_argument("--manifest", type=Path, default=repo / MANIFEST)
     p.add_argument("--round-timeout", type=float, default=900, help="bound on each fault's recovery, seconds")
     p.add_argument("--drain-grace", type=float, default=2, help="the engine replicas' drain_grace_s")
     p.add_argument("--work-dir", type=Path, default=repo / "bench-results" / "chaos")
@@ -93,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     key = secrets.token_hex(16)
     env = child_env(**{CLUSTER_DIR_ENV: str(o.work_dir / "cluster"), "APP_API_KEYS": key})
     facts_machine, vllm, commit = machine(), vllm_version(), git_commit(repo)
-    command = "python scripts/chaos.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = command_line("chaos", argv)
     results: list[RoundResult] = []
     log(f"starting a local cluster (a head and 2 worker nodes; state in {o.work_dir / 'cluster'})")
     try:

@@ -1,4 +1,18 @@
-"""The field-by-field comparison of two normalized answers, and its readable diff.
+"""What of two answers is compared, and how: each answer normalized (what must differ between two servers left
+out), then compared field by field, with a readable diff.
+
+Left out, everywhere: generated ids (`chatcmpl-…`, `cmpl-…`, `resp_…`, `msg_…`, `call_…`, `chatcmpl-tool-…`,
+`modelperm-…`: each server makes its own), `call_id` / `item_id` (the same ids, referred to), and clocks
+(`created`, `created_at`, `completed_at`) and `system_fingerprint`. Ids that are data (a model's `id`) stay.
+
+An error is its status and its `param`: vLLM's `type` is the exception's class name and its `code` the status
+(`{"type": "BadRequestError", "code": 400}`) where this service uses OpenAI's (`invalid_request_error`, a code
+name or null), and the two phrase messages differently; what a client acts on is the status and the parameter.
+
+A stream is what a client assembles from it: per choice the concatenated text, tool-call names and arguments,
+token ids and logprobs, the last finish reason; the request's last usage; and the set of field paths its chunks
+carry (their shapes). How the text is cut into chunks is not compared: the service sends the first token with
+the role where vLLM sends a role-only chunk first (docs/api.md), and the cuts follow the engine's steps.
 
 Everything must be equal (the same keys, the same list lengths, the same strings, integers and booleans) except
 floats, which may differ by `FLOAT_TOLERANCE`: logprobs come out of two engine processes that compute the same
@@ -14,6 +28,150 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
+from loadkit.differential.exchange import Answer
+
+VOLATILE_KEYS = frozenset({"created", "created_at", "completed_at", "system_fingerprint", "call_id", "item_id"})
+GENERATED_ID = re.compile(r"^(chatcmpl|cmpl|resp|msg|call|fc|rs|ctc|modelperm)[-_]")
+STREAM_CHOICE_LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset", "content")
+
+
+def strip_volatile(value: object) -> object:
+    """`value` with every volatile key, and every `id` that is a generated id, removed (recursively)."""
+    if isinstance(value, dict):
+        return {k: strip_volatile(v) for k, v in value.items()
+                if k not in VOLATILE_KEYS and not (k == "id" and isinstance(v, str) and GENERATED_ID.match(v))}
+    if isinstance(value, list):
+        return [strip_volatile(v) for v in value]
+    return value
+
+
+def field_paths(value: object, prefix: str = "") -> set[str]:
+    """Every key path in `value` that holds a value (not null), list positions written `[]`
+    (`choices[].delta.content`). Null fields are compared in non-streamed bodies, where they are reported one by
+    one; in a stream's shape they would only repeat that on every chunk."""
+    paths: set[str] = set()
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if v is None:
+                continue
+            path = f"{prefix}.{k}" if prefix else k
+            paths.add(path)
+            paths |= field_paths(v, path)
+    elif isinstance(value, list):
+        for v in value:
+            paths |= field_paths(v, f"{prefix}[]")
+    return paths
+
+
+def shape(events: list[dict]) -> dict[str, bool]:
+    """The field paths a stream's events carry, as a dict so that a diff names each path one side lacks."""
+    return dict.fromkeys(sorted(set().union(*(field_paths(strip_volatile(e)) for e in events))), True)
+
+
+def error_of(answer: Answer) -> dict:
+    """A validation error's `param` from vLLM is pydantic's location (`body.seed`); the field is what it names."""
+    error = answer.body.get("error") if isinstance(answer.body, dict) else None
+    param = error.get("param") if isinstance(error, dict) else None
+    if isinstance(param, str):
+        param = param.removeprefix("body.")
+    return {"status": answer.status, "param": param}
+
+
+def _merge_tool_calls(into: list[dict], deltas: list[dict]) -> None:
+    for d in deltas:
+        i = d.get("index", 0)
+        while len(into) <= i:
+            into.append({"type": None, "name": "", "arguments": ""})
+        call, fn = into[i], d.get("function") or {}
+        call["type"] = d.get("type") or call["type"]
+        call["name"] += fn.get("name") or ""
+        call["arguments"] += fn.get("arguments") or ""
+
+
+def _add_logprobs(into: dict, logprobs: dict | None) -> None:
+    for key in STREAM_CHOICE_LISTS:
+        if logprobs and logprobs.get(key) is not None:
+            into.setdefault(key, []).extend(strip_volatile(logprobs[key]))  # type: ignore[arg-type]
+
+
+def assemble_choice(into: dict, choice: dict) -> None:
+    """Adds one chunk's choice to what its client has assembled so far."""
+    delta = choice.get("delta")
+    piece = delta if isinstance(delta, dict) else choice
+    for key in ("content", "text", "reasoning_content", "reasoning"):
+        if piece.get(key) is not None:
+            into[key] = into.get(key, "") + piece[key]
+    if piece.get("role") is not None:
+        into["role"] = piece["role"]
+    if piece.get("tool_calls"):
+        _merge_tool_calls(into.setdefault("tool_calls", []), piece["tool_calls"])
+    for key in ("token_ids",):
+        if choice.get(key) is not None:
+            into.setdefault(key, []).extend(choice[key])
+    if choice.get("prompt_token_ids") is not None:
+        into.setdefault("prompt_token_ids", choice["prompt_token_ids"])
+    if choice.get("logprobs") is not None:
+        _add_logprobs(into.setdefault("logprobs", {}), choice["logprobs"])
+    if choice.get("finish_reason") is not None:
+        into["finish_reason"] = choice["finish_reason"]
+    if choice.get("stop_reason") is not None:
+        into["stop_reason"] = choice["stop_reason"]
+
+
+def assemble_stream(events: list[dict], done: bool) -> dict:
+    """A chat or completions stream as its client assembles it (see the module's docstring)."""
+    choices: dict[int, dict] = {}
+    out: dict = {"done": done, "fields": shape(events)}
+    for event in events:
+        if "error" in event:
+            out["error"] = {"param": (event["error"] or {}).get("param")}
+        for choice in event.get("choices") or ():
+            assemble_choice(choices.setdefault(int(choice.get("index", 0)), {}), choice)
+        if event.get("usage") is not None:
+            out["usage"] = event["usage"]
+        if event.get("prompt_token_ids") is not None:
+            out.setdefault("prompt_token_ids", event["prompt_token_ids"])
+    out["choices"] = [choices[i] for i in sorted(choices)]
+    return out
+
+
+def collapse_runs(types: list[str]) -> list[str]:
+    """Event types with runs of the same delta type made one (how many deltas is how the text was cut)."""
+    out: list[str] = []
+    for t in types:
+        if not (out and out[-1] == t and t.endswith(".delta")):
+            out.append(t)
+    return out
+
+
+def assemble_response_stream(events: list[dict]) -> dict:
+    """A Responses API stream: its event types in order (delta runs collapsed), whether `sequence_number`
+    counts from 0 without a gap, the text and arguments the deltas add up to, and the final response."""
+    out: dict = {"types": collapse_runs([str(e.get("type")) for e in events]),
+                 "sequence_ok": [e.get("sequence_number") for e in events] == list(range(len(events))),
+                 "output_text": "".join(e.get("delta", "") for e in events
+                                        if e.get("type") == "response.output_text.delta"),
+                 "arguments": "".join(e.get("delta", "") for e in events
+                                      if e.get("type") == "response.function_call_arguments.delta"),
+                 "fields": shape(events)}
+    final = [e for e in events if e.get("type") in ("response.completed", "response.incomplete", "response.failed")]
+    out["response"] = strip_volatile(final[-1].get("response")) if final else None
+    return out
+
+
+def normalized(answer: Answer, path: str) -> dict:
+    """What is compared of `answer` to a request on `path`."""
+    if answer.status != 200:
+        return {"error": error_of(answer)}
+    if answer.streamed:
+        if path.endswith("/responses"):
+            return {"status": 200, "stream": assemble_response_stream(answer.events)}
+        return {"status": 200, "stream": assemble_stream(answer.events, answer.done)}
+    return {"status": 200, "body": strip_volatile(answer.body)}
+
+
+# -- the comparison ----------------------------------------------------------------------------------------------
 
 # Absolute, in natural-log units. Measured: see docs/differential.md (the largest logprob difference of a run).
 FLOAT_TOLERANCE = 0.05

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from loadkit.sse import DONE
+from loadkit.sse import read_events
 
 TIMEOUT_S = 120.0
 
@@ -43,20 +43,6 @@ class Answer:
     @property
     def streamed(self) -> bool:
         return bool(self.events) or self.done
-
-
-def read_events(raw: str) -> tuple[list[dict], bool]:
-    """A stream's `data:` events (JSON) and whether `[DONE]` ended it; `event:` lines carry nothing the data
-    does not (the Responses API repeats the type in the data)."""
-    events, done = [], False
-    for line in raw.splitlines():
-        if line.startswith("data:"):
-            data = line[5:].strip()
-            if data == DONE:
-                done = True
-            elif data:
-                events.append(json.loads(data))
-    return events, done
 
 
 def send(client: httpx.Client, request: Request, headers: dict[str, str] | None = None) -> Answer:

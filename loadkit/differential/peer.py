@@ -1,30 +1,26 @@
 """The bare-vLLM peer: `python -m vllm.entrypoints.openai.api_server` with the engine arguments of a service config.
 
-The command is the bench's own (`loadkit.bench.systems.system_command` for the `vllm` system: model folder, served
-name, `--enforce-eager`, dtype, max_model_len, max_num_seqs, and `VLLM_CPU_KVCACHE_SPACE` in its environment), and
-its life is the bench's `Server` (own process group, stopped leaving nothing behind). Added here are the engine
-arguments the bench leaves at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as
-app/engine/vllm/engine.py sets it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
-`--enable-prompt-tokens-details` (the service always reports `usage.prompt_tokens_details.cached_tokens`;
-`vllm serve` only with that flag, so without it every usage would differ by that one documented field).
-`dtype: auto` is given to the peer as the bench gives it to its peers (`loadkit.goodput.run.same_precision`):
-what the service's `auto` resolves to on this CPU, not vLLM's own `auto` (the checkpoint's bfloat16).
+The command is the peers' own (`loadkit.peers.system_command` for the `vllm` system: model folder, served name,
+`--enforce-eager`, dtype, max_model_len, max_num_seqs, and `VLLM_CPU_KVCACHE_SPACE` in its environment), run as a
+`Server` (own process group, stopped leaving nothing behind). Added here are the engine arguments the peers leave
+at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as app/engine/vllm/engine.py sets
+it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
+`--enable-prompt-tokens-details` (the service always reports `usage.prompt_tokens_details.cached_tokens`; `vllm
+serve` only with that flag, so without it every usage would differ by that one documented field). `dtype: auto`
+is given to the peer as `loadkit.precision.same_precision` gives it to every peer: what the service's `auto`
+resolves to on this CPU, not vLLM's own `auto` (the checkpoint's bfloat16).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadkit.bench.launch import Server, wait_ready
-from loadkit.bench.systems import MODEL_ID, Engine, Launchable, Variant, system_command, system_env
-from loadkit.goodput.run import same_precision
-from loadkit.precision import resolved_dtype
-from loadkit.proctree import PeakSampler, ProcessTree
-from loadkit.service import ProcessGroup, free_port
+from loadkit.peers import MODEL_ID, Engine, Launchable, Variant, system_command, system_env
+from loadkit.precision import resolved_dtype, same_precision
+from loadkit.service import Server, free_port
 
-STARTUP_TIMEOUT_S = 300.0  # ~40 s on an idle 2-core machine; a busy one was seen at 3x that
+STARTUP_TIMEOUT_S = 300.0  # a loaded 2-core machine takes minutes (docs/differential.md)
 STOP_GRACE_S = 30.0
 
 
@@ -95,17 +91,15 @@ class Peer:
               timeout_s: float = STARTUP_TIMEOUT_S) -> Peer:
         """Started and answering (a tiny chat completion succeeded), or stopped again and RuntimeError."""
         port = free_port()
-        command = peer_command(settings, port, repo, model_dir, work)
-        group = ProcessGroup(command, cwd=repo, env=system_env(repo, settings.bench_engine()),
-                             log_path=work / "vllm-peer.log")
-        server = Server(group, PeakSampler(ProcessTree(group.pid, group.tag)).start(), port, command,
-                        time.monotonic())
-        why = wait_ready(group, port, timeout_s)
+        server = Server(peer_command(settings, port, repo, model_dir, work), port=port,
+                        log_path=work / "vllm-peer.log", cwd=repo, env=system_env(repo, settings.bench_engine()),
+                        sample_peak=True)
+        why = server.wait_ready(timeout_s, MODEL_ID)
         if why:
-            stopped = server.stop(STOP_GRACE_S)
-            raise RuntimeError(f"bare vLLM did not start: {why} ({stopped})\n{group.log_tail(3000)}")
-        return cls(server, settings, resolved_dtype(group.log_tail(200_000)))
+            stopped = server.stop(STOP_GRACE_S).text()
+            raise RuntimeError(f"bare vLLM did not start: {why} ({stopped})\n{server.log_tail(3000)}")
+        return cls(server, settings, resolved_dtype(server.log_tail(200_000)))
 
     def stop(self) -> str:
         """Stops the peer's whole process group; how that went ('...; no process left behind' when clean)."""
-        return self.server.stop(STOP_GRACE_S)
+        return self.server.stop(STOP_GRACE_S).text()

@@ -1,6 +1,6 @@
-"""The long differential run: this service and bare vLLM started side by side with the same engine arguments,
-the curated set and N property-generated requests sent to both one at a time, the verdicts counted, grouped by
-cause and written to docs/differential.md; both stopped leaving no process behind.
+"""`python -m loadkit differential`: the long differential run. This service and bare vLLM started side by side
+with the same engine arguments, the curated set and N property-generated requests sent to both one at a time, the
+verdicts counted, grouped by cause and written to docs/differential.md; both stopped leaving no process behind.
 
 The service is started as the bench starts it (`python -m app serve` on configs/cpu.yaml with only the port, no
 API key and open admission changed; `engine.dtype: auto` kept), the peer by peer.py with that config's engine.
@@ -9,8 +9,8 @@ Requests go one at a time, so neither server batches them with another and greed
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -19,20 +19,17 @@ from pathlib import Path
 import httpx
 import yaml
 
-from loadkit.bench.launch import Server, wait_ready
-from loadkit.bench.run import prepare_model
-from loadkit.bench.systems import Launchable, Variant
-from loadkit.differential.cases import CURATED, Case
+from loadkit.differential.cases import CURATED, Case, generated
 from loadkit.differential.exchange import Request, send
-from loadkit.differential.generate import generated
 from loadkit.differential.peer import STARTUP_TIMEOUT_S, STOP_GRACE_S, EngineSettings, Peer
 from loadkit.differential.report import Figures, write_report
 from loadkit.differential.verdict import Verdict, judge
+from loadkit.peers import MODEL_ID, Launchable, Variant, start
 from loadkit.precision import resolved_dtype
+from loadkit.report import command_line, progress
+from loadkit.service import REPO, Server, prepare_model
 
-
-def say(message: str) -> None:
-    print(f"[differential {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+say = progress("differential")
 
 
 def run_cases(requests: Iterable[Request], vllm_url: str, service_url: str, service_headers: dict[str, str],
@@ -65,11 +62,11 @@ def _start_service(settings: EngineSettings, repo: Path, model_dir: str, work: P
                     max_output_len=1024, engine=settings.bench_engine())
     config = yaml.safe_load((repo / "configs" / "cpu.yaml").read_text())
     dtype = str(config["models"][0].get("engine", {}).get("dtype", "auto"))  # as shipped: `auto` stays `auto`
-    server = Server.start(Variant("app", dtype), at, work / "service.log")
-    why = wait_ready(server.group, server.port, STARTUP_TIMEOUT_S)
+    server = start(Variant("app", dtype), at, work / "service.log")
+    why = server.wait_ready(STARTUP_TIMEOUT_S, MODEL_ID)
     if why:
-        stopped = server.stop(STOP_GRACE_S)
-        raise RuntimeError(f"the service did not start: {why} ({stopped})\n{server.group.log_tail(3000)}")
+        stopped = server.stop(STOP_GRACE_S).text()
+        raise RuntimeError(f"the service did not start: {why} ({stopped})\n{server.log_tail(3000)}")
     return server
 
 
@@ -104,7 +101,7 @@ def run(o: Options) -> int:
     finally:
         for name, s in (("bare vLLM", peer), ("service", service)):
             if s is not None:
-                stops.append(f"{name}: {s.stop() if isinstance(s, Peer) else s.stop(STOP_GRACE_S)}")
+                stops.append(f"{name}: {s.stop() if isinstance(s, Peer) else s.stop(STOP_GRACE_S).text()}")
                 say(stops[-1])
     curated, rest = verdicts[:len(CURATED)], verdicts[len(CURATED):]
     figures = Figures(command=o.command, settings=settings, service_dtype=service_dtype,
@@ -114,3 +111,20 @@ def run(o: Options) -> int:
     say(f"generated: {sum(v.outcome == 'equal' for v in rest)} of {len(rest)} matched field by field; "
         f"curated: {sum(v.outcome == 'equal' for v in curated)} equal of {len(curated)}; report {path}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadkit differential", description=__doc__.split("\n\n")[0],
+                                epilog="Raw verdicts (each request, both normalized answers, the mismatches) go to "
+                                "--work-dir/verdicts.jsonl (default bench-results/differential-<timestamp>/), beside "
+                                "both servers' logs.")
+    p.add_argument("--count", type=int, default=300, help="property-generated requests (default 300)")
+    p.add_argument("--seed", type=int, default=1, help="the generator's seed (default 1)")
+    p.add_argument("--time-budget-s", type=float, default=1200,
+                   help="stop sending after this long, counting what was judged (default 1200)")
+    p.add_argument("--report", type=Path, default=REPO / "docs" / "differential.md")
+    p.add_argument("--work-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+    work = args.work_dir or REPO / "bench-results" / f"differential-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run(Options(repo=REPO, count=args.count, seed=args.seed, time_budget_s=args.time_budget_s,
+                       report=args.report, work=work.resolve(), command=command_line("differential", argv)))

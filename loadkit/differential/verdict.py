@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loadkit.differential.compare import FLOAT_TOLERANCE, Mismatch, compare, max_float_gap
+from loadkit.differential.compare import FLOAT_TOLERANCE, Mismatch, compare, max_float_gap, normalized
 from loadkit.differential.differences import DIFFERENCES, explaining
 from loadkit.differential.exchange import Answer, Request
-from loadkit.differential.normalize import normalized
 
 
 @dataclass

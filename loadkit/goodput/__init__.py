@@ -1,10 +1,9 @@
-"""The open-loop goodput benchmark: this project, bare vLLM and Ray Serve LLM under 1x-8x their capacity.
+"""The open-loop goodput benchmark (`python -m loadkit goodput`): this project, bare vLLM and Ray Serve LLM under
+1x-8x their capacity.
 
 Requests arrive at a fixed rate whatever the answers (open loop, as real traffic does), sent by the real `openai`
 SDK with its default retry policy; a request counts as goodput when it completes within both latency targets.
-
-Modules, one noun each: workload (the seeded request mix), schedule (the arrival times), client (one request's
-outcome, attempts counted in the transport), capacity (the closed-loop rate each system can serve), step (one
-rate's open-loop window), figures (per system and rate), launch (one system in one round), run (the whole run,
-interleaved rounds), report (the Markdown) and plot (goodput against offered load).
+Modules: loops (the capacity loop, the open-loop windows and their schedule), launch (one system in one round),
+figures (per system and rate, pooled; results.json), report (the Markdown and the plot), run (the whole run and
+its command line).
 """

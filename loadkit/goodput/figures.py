@@ -1,5 +1,6 @@
-"""The figures of one system at one offered rate, from its requests' records (pooled over rounds by passing
-every round's records and the sum of their windows).
+"""The figures of one system at one offered rate, from its requests' records, pooled over rounds (every request
+of every round, the windows' lengths summed: never a mean of per-round figures); and a run's launches as saved
+in results.json.
 
 - goodput: requests that completed within both targets, per second of the arrival window, and their output
   tokens per second. A streaming request must show its first token within the first-token target and finish
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from loadkit.goodput.client import OUTCOMES, REFUSAL_STATUSES, WASTED, Record
+from loadkit.goodput.launch import LaunchRun, WindowRun
+from loadkit.goodput.loops import Rate
+from loadkit.record import Record
+from loadkit.sdk import OUTCOMES, REFUSAL_STATUSES, WASTED
 from loadkit.stats import percentile
 
 
@@ -97,3 +101,37 @@ def figures(records: list[Record], window_s: float, offered_rps: float, targets:
         ttft_target_met_p99=None if ttft_p99 is None else ttft_p99 <= targets.ttft_s,
         max_lag_s=max((r.start - r.scheduled for r in records if r.scheduled), default=0.0),
         peak_rss_bytes=peak_rss_bytes)
+
+
+@dataclass
+class Row:
+    system: str
+    multiple: float
+    rounds: int
+    figures: Figures
+
+
+def pool(launches: list[LaunchRun], targets: Targets) -> list[Row]:
+    """One row per system (in launch order) and multiple (in run order)."""
+    groups: dict[tuple[str, float], list[WindowRun]] = {}
+    for launch in launches:
+        for w in launch.windows:
+            groups.setdefault((launch.system, w.multiple), []).append(w)
+    rows = []
+    for (system, multiple), windows in groups.items():
+        records = [r for w in windows for r in w.records]
+        f = figures(records, sum(w.duration_s for w in windows), sum(w.offered_rps for w in windows) / len(windows),
+                    targets, max(w.peak_rss_bytes for w in windows))
+        rows.append(Row(system, multiple, len(windows), f))
+    return rows
+
+
+def launch_to_dict(launch: LaunchRun) -> dict:
+    return asdict(launch)
+
+
+def launch_from_dict(d: dict) -> LaunchRun:
+    windows = [WindowRun(**{**w, "records": [Record.from_dict(r) for r in w["records"]]}) for w in d["windows"]]
+    capacity = Rate(**d["capacity"]) if d.get("capacity") else None
+    own = Rate(**d["own_capacity"]) if d.get("own_capacity") else None
+    return LaunchRun(**{**d, "windows": windows, "capacity": capacity, "own_capacity": own})

@@ -7,27 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from loadkit.bench.launch import Server, wait_ready
-from loadkit.bench.systems import MODEL_ID, Launchable, Variant
-from loadkit.goodput.capacity import Capacity, measure
-from loadkit.goodput.client import Record, make_client, send
-from loadkit.goodput.schedule import arrivals
-from loadkit.goodput.step import Window, open_loop
-from loadkit.goodput.workload import mean_output_tokens, mix, stream
-from loadkit.overload.mix import PromptMaker
+from loadkit.goodput.loops import Rate, Window, arrivals, measure, open_loop
+from loadkit.peers import MODEL_ID, Launchable, Variant, start
 from loadkit.proctree import PeakSampler
+from loadkit.record import Record
+from loadkit.report import progress
+from loadkit.sdk import make_client, send
+from loadkit.workload import PromptMaker, mean_output_tokens, mix, stream
 
 WARMUPS = 4
 INDEX_BLOCK = 100_000  # request indices: one block per window of a run, so no two requests share a prompt
-
-
-def say(message: str) -> None:
-    print(f"[goodput {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+say = progress("goodput")
 
 
 @dataclass(frozen=True)
@@ -66,8 +60,8 @@ class LaunchRun:
     status: str = "not started"
     startup_s: float | None = None
     idle_rss_bytes: int | None = None
-    capacity: Capacity | None = None  # the rate its windows were offered multiples of
-    own_capacity: Capacity | None = None  # its own loop's, where that gave nothing and another's rate was used
+    capacity: Rate | None = None  # the rate its windows were offered multiples of
+    own_capacity: Rate | None = None  # its own loop's, where that gave nothing and another's rate was used
     windows: list[WindowRun] = field(default_factory=list)
     stop_report: str = ""
 
@@ -80,12 +74,12 @@ def window_for(plan: Plan, round_: int, step: int, rate_rps: float) -> Window:
     return Window(mix(seed, len(offsets), first), offsets, plan.duration_s, plan.drain_s, plan.settle_s)
 
 
-async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, capacity: Capacity | None,
-                 sampler: PeakSampler, out: LaunchRun, fallback: Capacity | None) -> None:
+async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, capacity: Rate | None,
+                 sampler: PeakSampler, out: LaunchRun, fallback: Rate | None) -> None:
     client, log = make_client(base_url, plan.client_timeout_s)
     try:
         for ask in mix(plan.seed + 999, WARMUPS, first_index=round_ * 16 * INDEX_BLOCK + INDEX_BLOCK // 2):
-            await send(client, log, MODEL_ID, prompts, Record(ask=ask, start=time.monotonic()))
+            await send(client, log, MODEL_ID, prompts, Record(time.monotonic(), ask=ask))
         if capacity is None:
             asks = stream(plan.seed + 1000 * round_ + 500, first_index=round_ * 16 * INDEX_BLOCK)
             say(f"{out.system}: measuring capacity: {plan.capacity_concurrency} clients in a closed loop for "
@@ -117,14 +111,14 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
         await client.close()
 
 
-def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Capacity | None,
-               fallback: Capacity | None = None) -> LaunchRun:
+def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Rate | None,
+               fallback: Rate | None = None) -> LaunchRun:
     log_path = plan.at.work / f"{v.system}.r{round_}.server.log"
-    server = Server.start(v, plan.at, log_path)
+    server = start(v, plan.at, log_path)
     out = LaunchRun(system=v.system, round=round_, command=server.command, log_path=str(log_path))
     say(f"{v.system}: round {round_}: started on port {server.port}: {shlex.join(server.command)}")
     try:
-        why = wait_ready(server.group, server.port, plan.startup_timeout_s)
+        why = server.wait_ready(plan.startup_timeout_s, MODEL_ID)
         if why:
             out.status = f"failed to start: {why}"
             say(f"{v.system}: {out.status}")
@@ -142,5 +136,5 @@ def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capaci
         out.status = "ok" if running else f"exited with status {server.group.proc.returncode} during the run"
         return out
     finally:
-        out.stop_report = server.stop(plan.stop_grace_s)
+        out.stop_report = server.stop(plan.stop_grace_s).text()
         say(f"{v.system}: {out.stop_report}")

@@ -1,21 +1,15 @@
-"""The hostile-client driver: hostile clients must not take the service from everyone else.
+"""The hostile-client driver (`python -m loadkit hostile`): hostile clients must not take the service from everyone
+else.
 
-Bounded in count and time, loopback only. By default it starts its own service (`python -m app serve`, as a
-process: nothing of app/ is imported) from a config generated from configs/cpu.yaml (a free port, a fresh API
-key, shorter connection clocks) and stops it at the end; with a URL it drives a running service.
+Bounded in count and time, loopback only: its own service on a config derived from configs/cpu.yaml (a fresh key,
+shorter connection clocks), or a running one by URL. While a polite client in its own process sends one short chat
+a second, one client process opens at once streams it never reads, idle and slowloris connections, huge header
+blocks, giant prompts and a /tokenize flood; it records when the polite client was served again, which hostile
+sockets the server ended and when, the replica's event-loop lag, memory and descriptors, and whether the service
+is idle and answers normally afterwards.
 
-While a polite client (its own process) sends one short chat a second, one client process on loopback opens
-at once: streams it never reads (small SO_RCVBUF, large max_tokens, ignore_eos), idle connections, slowloris
-connections (one header byte every 5 s), header blocks of megabytes, giant prompts and a /tokenize flood.
-It records when the polite client was served again, which hostile sockets the server ended and when, the
-replica's event-loop lag (/metrics histogram deltas), its memory and descriptors over time, and whether the
-service is idle and answers normally afterwards.
-
-Modules: plan (the scenario's numbers and the service's clocks), wire (the bytes the hostile sockets send),
-sockets (one hostile socket's record and how its end is seen), attackers (one coroutine per kind, the fleet),
-floods (giant prompts, /tokenize), polite (the polite client's process and its figures), lag (the lag
-histogram), server_view (listener and replica: connections, RSS, descriptors), deployment (the service under
-attack: own or by URL), checks (/stats, idle, the normal chat, /metrics), attack (the attack phase), result
-(what a run found, as JSON), figures (what it is judged by), targets (PASS/FAIL), render (the Markdown
-section), run (the whole run, start to report).
+Modules: plan (the scenario's numbers and the service's clocks), sockets (the hostile sockets), attack (the attack
+phase and its hostile requests), server_view (the server's side), polite (the polite client's process), result
+(what a run found and its figures), report (targets and the Markdown section), run (the whole run and its
+command line).
 """

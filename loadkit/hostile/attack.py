@@ -1,43 +1,109 @@
 """The attack phase: every hostile socket and request at once for `plan.duration_s`, watched all along, then
 every hostile socket closed.
 
-Giant prompts go out first and are answered (or `GIANT_FIRST_S` passes) before the non-readers' connects;
-then the idle, slowloris and huge-header sockets and the /tokenize flood. Once a second the watcher looks
-at the non-readers without reading (poll, SO_ERROR), at the listener's connection table (which client ports
-the server still holds), at the replica's memory and descriptors, and at /stats; every `LAG_SCRAPE_S` at
-/metrics. At the end, per non-reader, the bytes waiting unread (FIONREAD), the bytes the server's kernel holds
-for it (/proc/net/tcp) and one non-blocking MSG_PEEK;
-then every socket is closed and every unfinished request cancelled.
+Giant prompts go out first (each sent once, ~900 KB of text, far over any context window, under the body limit)
+and are answered (or `GIANT_FIRST_S` passes) before the non-readers' connects; then the idle, slowloris and
+huge-header sockets and a /tokenize flood (closed-loop clients, each sending the next request as soon as the last
+is answered, up to a total count or the end of the attack). Every answer is a Record: status, error code, latency;
+'hung' with no answer within the timeout, 'unanswered' when cancelled at the end. Once a second the watcher looks
+at the non-readers without reading (poll, SO_ERROR), at the listener's connection table (which client ports the
+server still holds), at the replica's memory and descriptors, and at /stats; every `LAG_SCRAPE_S` at /metrics. At
+the end, per non-reader, the bytes waiting unread (FIONREAD), the bytes the server's kernel holds for it
+(/proc/net/tcp) and one non-blocking MSG_PEEK; then every socket is closed and every unfinished request cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import httpx
 
-from loadkit.hostile.attackers import Fleet, start
-from loadkit.hostile.checks import StatsPoint, lag_histogram, stats_point
-from loadkit.hostile.floods import Answer, giant_prompts, tokenize_flood
-from loadkit.hostile.lag import Histogram
-from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS
-from loadkit.hostile.server_view import ServerView, send_queues
-from loadkit.hostile.sockets import SocketRecord, hangup, peek, unread
+from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS, Plan
+from loadkit.hostile.server_view import Histogram, ServerView, lag_histogram, send_queues
+from loadkit.hostile.sockets import (
+    Fleet,
+    SocketRecord,
+    giant_prompt_body,
+    hangup,
+    peek,
+    start,
+    tokenize_body,
+    unread,
+)
+from loadkit.record import Record
+from loadkit.server_stats import Stats, get_stats
 
 WATCH_S = 1.0
 GIANT_FIRST_S = 10.0
 LAG_SCRAPE_S = 10.0
+GIANT = "giant prompt"
+TOKENIZE = "/tokenize"
 
+
+# -- the hostile requests ------------------------------------------------------------------------------------------
+
+def counts(answers: list[Record]) -> dict[str, int]:
+    return dict(Counter(a.label for a in answers).most_common())
+
+
+async def _post(http: httpx.AsyncClient, kind: str, path: str, content: bytes, timeout_s: float,
+                out: list[Record]) -> None:
+    """Appended before it is sent: one still unanswered when the attack is cancelled stays as 'unanswered'."""
+    answer = Record(time.monotonic(), kind=kind, outcome="unanswered")
+    out.append(answer)
+    try:
+        r = await http.post(path, content=content, headers={"Content-Type": "application/json"},
+                            timeout=httpx.Timeout(timeout_s, connect=10))
+        answer.status = r.status_code
+        answer.outcome = "ok" if r.status_code == 200 else "refused" if r.status_code in (429, 503) else "error"
+        if r.status_code != 200:
+            try:
+                answer.code = (r.json().get("error") or {}).get("code")
+            except (ValueError, AttributeError):
+                answer.code = None
+    except httpx.TimeoutException:
+        answer.outcome = "hung"
+    except httpx.TransportError as err:
+        answer.outcome = type(err).__name__
+    answer.end = time.monotonic()
+
+
+async def giant_prompts(http: httpx.AsyncClient, model: str, plan: Plan, out: list[Record]) -> None:
+    """`plan.giant_prompts` chats of `plan.giant_prompt_bytes` characters each, all at once."""
+    content = json.dumps(giant_prompt_body(model, plan.giant_prompt_bytes)).encode()
+
+    async def one() -> None:
+        await _post(http, GIANT, "/v1/chat/completions", content, plan.polite_timeout_s, out)
+
+    await asyncio.gather(*(one() for _ in range(plan.giant_prompts)))
+
+
+async def tokenize_flood(http: httpx.AsyncClient, model: str, plan: Plan, out: list[Record]) -> None:
+    """`plan.tokenize_clients` closed loops sharing `plan.tokenize_requests` requests (cancel to stop early)."""
+    content = json.dumps(tokenize_body(model, plan.tokenize_prompt_words)).encode()
+    left = [plan.tokenize_requests]
+
+    async def client() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            await _post(http, TOKENIZE, "/tokenize", content, plan.polite_timeout_s, out)
+
+    await asyncio.gather(*(client() for _ in range(plan.tokenize_clients)))
+
+
+# -- the attack --------------------------------------------------------------------------------------------------
 
 @dataclass
 class Attack:
     started: float = 0.0  # monotonic: the first hostile request
     ended: float = 0.0  # monotonic: the moment the driver began closing everything
-    answers: list[Answer] = field(default_factory=list)
-    stats: list[StatsPoint] = field(default_factory=list)
+    answers: list[Record] = field(default_factory=list)
+    stats: list[Stats] = field(default_factory=list)
     lag: list[tuple[float, Histogram]] = field(default_factory=list)  # /metrics snapshots during the attack
     watch_errors: int = 0
     loadavg: tuple[tuple[float, float, float], ...] = ()  # at the start and at the end
@@ -89,7 +155,7 @@ async def _watch(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, model:
         t0 = time.monotonic()
         try:
             await _look(fleet, view)
-            out.stats.append(await stats_point(http, model))
+            out.stats.append(await get_stats(http, model))
             if t0 - last_scrape >= LAG_SCRAPE_S:
                 last_scrape = t0
                 h = await lag_histogram(http)

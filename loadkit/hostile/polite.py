@@ -20,52 +20,39 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+from loadkit.record import Record
+from loadkit.service import pythonpath
+
 PROMPT = "Say hello in one short sentence."
+POLITE = "polite"  # its records' kind; outcomes: ok | refused (429/503) | error (another status) | timeout | transport
 
 
-@dataclass(frozen=True)
-class PoliteRecord:
-    start: float
-    end: float
-    status: int | None  # None: no HTTP answer
-    outcome: str  # ok | refused (429/503) | error (another status) | timeout | transport
-    detail: str = ""
-
-    @property
-    def latency(self) -> float:
-        return self.end - self.start
-
-    @property
-    def label(self) -> str:
-        return str(self.status) if self.status is not None else self.outcome
-
-
-def served_again_s(records: list[PoliteRecord], attack_start: float) -> float | None:
+def served_again_s(records: list[Record], attack_start: float) -> float | None:
     """Seconds from the attack's start to the end of the first 200 among the requests sent after it began."""
     ends = [r.end for r in records if r.start >= attack_start and r.outcome == "ok"]
     return min(ends) - attack_start if ends else None
 
 
-def between(records: list[PoliteRecord], t0: float, t1: float) -> list[PoliteRecord]:
+def between(records: list[Record], t0: float, t1: float) -> list[Record]:
     """The requests sent in [t0, t1)."""
     return [r for r in records if t0 <= r.start < t1]
 
 
-def status_counts(records: list[PoliteRecord]) -> dict[str, int]:
+def status_counts(records: list[Record]) -> dict[str, int]:
     return dict(Counter(r.label for r in records).most_common())
 
 
-def longest_unserved_s(records: list[PoliteRecord], t0: float, t1: float) -> float:
+def longest_unserved_s(records: list[Record], t0: float, t1: float) -> float:
     """The longest stretch inside [t0, t1] with no polite request completed with 200."""
     ends = sorted(r.end for r in records if r.outcome == "ok" and t0 <= r.end <= t1)
     edges = [t0, *ends, t1]
     return max((b - a for a, b in zip(edges, edges[1:], strict=False)), default=t1 - t0)
 
 
-def load(path: Path) -> list[PoliteRecord]:
+def load(path: Path) -> list[Record]:
     """The records written so far (a line being written is skipped)."""
     out = []
     try:
@@ -74,7 +61,7 @@ def load(path: Path) -> list[PoliteRecord]:
         return out
     for line in lines:
         try:
-            out.append(PoliteRecord(**json.loads(line)))
+            out.append(Record.from_dict(json.loads(line)))
         except (ValueError, TypeError):
             continue
     return out
@@ -107,7 +94,8 @@ def run(base_url: str, model: str, api_key: str | None, interval_s: float, timeo
         while not stop.is_set() and time.monotonic() < deadline:
             t0 = time.monotonic()
             status, outcome, detail = _one(client, model)
-            sink.write(json.dumps(asdict(PoliteRecord(t0, time.monotonic(), status, outcome, detail))) + "\n")
+            rec = Record(t0, time.monotonic(), outcome, status, detail=detail, kind=POLITE)
+            sink.write(json.dumps(asdict(rec)) + "\n")
             sink.flush()
             sent += 1
             stop.wait(max(0.0, interval_s - (time.monotonic() - t0)))  # the 1 s pace IS the behaviour
@@ -121,18 +109,17 @@ class PoliteProcess:
     def __init__(self, base_url: str, model: str, api_key: str | None, interval_s: float, timeout_s: float,
                  out: Path):
         self.out, self.timeout_s = out, timeout_s
-        root = str(Path(__file__).resolve().parents[2])  # the kit, also before `pip install -e .` knows it
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {**os.environ, "PYTHONPATH": pythonpath()}  # the kit, also before `pip install -e .` knows it
         cmd = [sys.executable, "-m", "loadkit.hostile.polite", "--base-url", base_url, "--model", model,
                "--interval", str(interval_s), "--timeout", str(timeout_s), "--out", str(out),
                *(["--api-key", api_key] if api_key else [])]
         out.write_text("")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env)
 
-    def records(self) -> list[PoliteRecord]:
+    def records(self) -> list[Record]:
         return load(self.out)
 
-    def stop(self) -> list[PoliteRecord]:
+    def stop(self) -> list[Record]:
         """Idempotent: the records, once the process has ended."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()

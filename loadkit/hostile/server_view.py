@@ -1,24 +1,38 @@
-"""The service's side of the connections: which process listens, which is the Serve replica, and what they hold.
+"""The service's side of the attack: which process listens, which is the Serve replica, and what they hold; the
+replica's event-loop lag; the engine's precision; and how its `engine request` log lines ended.
 
-The listener is the process with a LISTEN socket on the service's port (with one replica answering all
-HTTP, the replica itself; behind Serve's proxy, the proxy). The replica is found by its process title
-(`ServeReplica:*`) in the service's process tree (loadkit.proctree); with none there (a service that is not
-Ray Serve), the listener stands in. A sample is the replica's RSS and open file descriptors and the listener's
-connections on the port, by the client port at their far end: a hostile socket whose port is gone from that
-table has been closed by the server, whatever its client could see. `send_queues` reads, from /proc/net/tcp,
-how many bytes the server's kernel holds unsent or unacknowledged for each of those connections.
+The listener is the process with a LISTEN socket on the service's port (with one replica answering all HTTP, the
+replica itself; behind Serve's proxy, the proxy). The replica is found by its process title (`ServeReplica:*`) in
+the service's process tree; with none there, the listener stands in. A sample is the replica's RSS and open file
+descriptors and the listener's connections on the port, by the client port at their far end: a hostile socket
+whose port is gone from that table has been closed by the server, whatever its client could see. `send_queues`
+reads from /proc/net/tcp how many bytes the server's kernel holds unsent or unacknowledged for each of them.
+
+The lag comes from the Prometheus histogram `app_event_loop_lag_seconds` on /metrics, which gives no exact
+percentile: for a window between two scrapes, the p99 is bounded by the upper edge of the bucket where the
+window's cumulative count first reaches 99 % of its total, and the maximum lies in the highest bucket that gained
+a count (past the last finite edge it is unbounded).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+import httpx
 import psutil
 
 from loadkit.proctree import ProcessTree
+from loadkit.server_stats import stats_json
 
 REPLICA_TITLE = "ServeReplica:"
+LAG_METRIC = "app_event_loop_lag_seconds"
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LE = re.compile(r'le="([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -154,3 +168,118 @@ def _listener(port: int, procs: list[psutil.Process]) -> psutil.Process | None:
         except psutil.Error:
             continue
     return None
+
+
+# -- the event-loop lag --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts, ascending by upper edge (the last edge is +Inf), with count and sum."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+    total: float  # the sum of observed values, seconds
+
+    def minus(self, earlier: Histogram) -> Histogram:
+        """The observations between `earlier` and this scrape (same buckets)."""
+        before = dict(earlier.buckets)
+        return Histogram(tuple((le, c - before.get(le, 0.0)) for le, c in self.buckets),
+                         self.count - earlier.count, self.total - earlier.total)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count > 0 else None
+
+
+def parse_histogram(text: str, name: str = LAG_METRIC) -> Histogram | None:
+    """The histogram `name` (unlabelled but for `le`) from Prometheus text; None when absent."""
+    buckets: dict[float, float] = {}
+    count = total = None
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        metric, value = m["name"], float(m["value"])
+        if metric == f"{name}_bucket":
+            le = _LE.search(m["labels"] or "")
+            if le:
+                buckets[math.inf if le[1] in ("+Inf", "Inf") else float(le[1])] = value
+        elif metric == f"{name}_count":
+            count = value
+        elif metric == f"{name}_sum":
+            total = value
+    if not buckets or count is None:
+        return None
+    return Histogram(tuple(sorted(buckets.items())), count, total or 0.0)
+
+
+def quantile_bound(h: Histogram, q: float) -> float | None:
+    """The upper edge of the bucket holding the q-quantile (0..1): the q-quantile is at most this (math.inf:
+    past the last finite edge); None for an empty window."""
+    if h.count <= 0:
+        return None
+    need = q * h.count
+    for le, cumulative in h.buckets:
+        if cumulative >= need - 1e-9:
+            return le
+    return math.inf
+
+
+def max_range(h: Histogram) -> tuple[float, float] | None:
+    """(lower, upper) edges of the highest bucket that gained an observation: the maximum lies in it."""
+    if h.count <= 0:
+        return None
+    lower = 0.0
+    for le, cumulative in h.buckets:
+        if cumulative >= h.count - 1e-9:
+            return lower, le
+        lower = le
+    return lower, math.inf
+
+
+def seconds_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "unbounded" if math.isinf(value) else f"{value * 1000:g} ms"
+
+
+# -- the engine ------------------------------------------------------------------------------------------------
+
+@dataclass
+class EngineFacts:
+    dtype: str = "?"
+    dtype_reason: str = ""
+    compute_cores: list[int] = field(default_factory=list)
+
+
+async def engine_facts(http: httpx.AsyncClient, model: str) -> EngineFacts:
+    engine = (await stats_json(http, model)).get("engine") or {}
+    return EngineFacts(engine.get("dtype") or "?", engine.get("dtype_reason") or "",
+                       list(engine.get("compute_cores") or []))
+
+
+async def lag_histogram(http: httpx.AsyncClient) -> Histogram | None:
+    try:
+        r = await http.get("/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    return parse_histogram(r.text) if r.status_code == 200 else None
+
+
+def engine_outcomes(log_text: str) -> tuple[dict[str, int], dict[str, float]]:
+    """From a service log: how many `engine request` lines ended each way, and the median generated tokens of
+    each outcome."""
+    outcomes: Counter[str] = Counter()
+    tokens: dict[str, list[int]] = {}
+    for line in log_text.splitlines():
+        if '"engine request"' not in line or "{" not in line:
+            continue
+        try:
+            d = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        outcome = str(d.get("outcome", "?"))
+        outcomes[outcome] += 1
+        tokens.setdefault(outcome, []).append(int(d.get("generated_tokens") or 0))
+    medians = {k: sorted(v)[len(v) // 2] for k, v in tokens.items() if v}
+    return dict(outcomes.most_common()), medians

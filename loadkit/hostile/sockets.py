@@ -1,14 +1,20 @@
-"""One hostile socket and what became of it: when it opened, what the server answered, when and how the server
-ended it.
+"""The hostile sockets: the bytes they send (built by hand: no HTTP library would send most of them), one coroutine
+per kind, the fleet that holds every socket they opened, and what became of each.
 
-Two independent ways to see the server end a connection:
-- the client's side: a read returning EOF or ECONNRESET (for kinds that may read), or, for a socket that must
-  never read, `poll()` for POLLHUP/POLLRDHUP/POLLERR and `SO_ERROR`, which read no data; at the very end one
-  non-blocking `recv(MSG_PEEK)` says what is pending (data, EOF, a reset). A server that closes a connection
-  whose client reads nothing leaves its unsent bytes and its FIN queued behind them: the client cannot see
-  that close without reading, so
-- the server's side: the connection is gone from the listening process's open sockets (`released_at`, from
-  its connection table, sampled by `server_view`).
+- non-reader: a small SO_RCVBUF set before connecting, one streaming chat with a large `max_tokens` and
+  `ignore_eos`, then never a read;
+- idle: connects and sends nothing;
+- slowloris: one header byte every `slowloris_interval_s`, never the end of the headers;
+- huge headers: a header block of megabytes, at once or a few KB at a time.
+Every kind but the non-reader reads what the server sends, to see its answer (408, 431) and its close. Nothing
+reconnects: each socket is opened once, and the report says what the server did with it.
+
+Two independent ways to see the server end a connection: the client's side (a read returning EOF or ECONNRESET;
+for a socket that must never read, `poll()` for POLLHUP/POLLRDHUP/POLLERR and `SO_ERROR`, which read no data; at
+the very end one non-blocking `recv(MSG_PEEK)`), and the server's side: the connection gone from the listening
+process's open sockets (`released_at`, sampled by `server_view`). A server that closes a connection whose client
+reads nothing leaves its unsent bytes and its FIN queued behind them: the client cannot see that close without
+reading, so the server's side counts too.
 """
 
 from __future__ import annotations
@@ -16,17 +22,100 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import json
+import re
 import select
 import socket
 import struct
 import termios
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from loadkit.hostile.wire import status_of
+from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS, Plan
 
+_STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3})")
 _HANGUP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0x2000)
 
+
+# -- the bytes ---------------------------------------------------------------------------------------------------
+
+def request_bytes(method: str, path: str, host: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+    """A complete HTTP/1.1 request with a Content-Length (the connection is kept alive)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
+    if body or method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def auth(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def non_reader_body(model: str, max_tokens: int, n: int = 1, logprobs: int = 0) -> dict[str, Any]:
+    """A streaming chat that runs as long as it may: `ignore_eos`, a large `max_tokens`."""
+    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+                            "temperature": 1.0,
+                            "messages": [{"role": "user", "content": "Tell me a very long story about a lighthouse."}]}
+    if n > 1:
+        body["n"] = n
+    if logprobs > 0:
+        body.update(logprobs=True, top_logprobs=logprobs)
+    return body
+
+
+def non_reader_request(host: str, model: str, api_key: str | None, max_tokens: int, n: int = 1,
+                       logprobs: int = 0) -> bytes:
+    body = json.dumps(non_reader_body(model, max_tokens, n, logprobs)).encode()
+    return request_bytes("POST", "/v1/chat/completions", host,
+                         {"Content-Type": "application/json", **auth(api_key)}, body)
+
+
+class HeaderDrip:
+    """A request whose header block never ends, handed out one byte at a time (slowloris)."""
+
+    def __init__(self, host: str):
+        self._head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nX-Drip: ".encode("latin-1")
+        self.sent = 0
+
+    _CYCLE = b"a" * 50 + b"\r\nX-Drip: "  # after the first lines: an endless run of header lines
+
+    def next_byte(self) -> bytes:
+        i, self.sent = self.sent, self.sent + 1
+        if i < len(self._head):
+            return self._head[i:i + 1]
+        k = (i - len(self._head)) % len(self._CYCLE)
+        return self._CYCLE[k:k + 1]
+
+
+def huge_header_block(host: str, total_bytes: int, line_bytes: int = 1000) -> bytes:
+    """A GET whose header lines add up to about `total_bytes` (each header `line_bytes` long), then its end."""
+    head = f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n".encode("latin-1")
+    count = max(1, (total_bytes - len(head)) // (line_bytes + 2))
+    value = b"x" * max(1, line_bytes - 14)
+    lines = b"".join(b"X-Pad-%06d: " % i + value + b"\r\n" for i in range(count))
+    return head + lines + b"\r\n"
+
+
+def giant_prompt_body(model: str, prompt_bytes: int) -> dict[str, Any]:
+    """A chat whose one message is `prompt_bytes` characters of words: far beyond any context window."""
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+    text = (words * (prompt_bytes // len(words) + 1))[:prompt_bytes]
+    return {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": text}]}
+
+
+def tokenize_body(model: str, words: int) -> dict[str, Any]:
+    """A /tokenize body of `words` words: real tokenizer work, well inside the prompt limit."""
+    return {"model": model, "prompt": " ".join(f"word{i % 97}" for i in range(words))}
+
+
+def status_of(data: bytes) -> int | None:
+    """The status of the first response in `data` ('HTTP/1.1 408 ...'), None when there is none."""
+    m = _STATUS_LINE.match(data)
+    return int(m[1]) if m else None
+
+
+# -- one socket and what became of it ------------------------------------------------------------------
 
 @dataclass
 class SocketRecord:
@@ -183,3 +272,115 @@ def close_all(socks: list[socket.socket]) -> None:
             s.close()
         except OSError:
             pass
+
+
+# -- the fleet ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    api_key: str | None
+    model: str
+
+    @property
+    def host_header(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass
+class Fleet:
+    """Every hostile socket of a run: its record, and the open socket while the driver holds it."""
+
+    endpoint: Endpoint
+    plan: Plan
+    records: list[SocketRecord] = field(default_factory=list)
+    socks: dict[int, socket.socket] = field(default_factory=dict)  # id(record) -> socket
+    _huge: bytes = b""
+
+    def record(self, kind: str) -> SocketRecord:
+        rec = SocketRecord(kind, sum(r.kind == kind for r in self.records))
+        self.records.append(rec)
+        return rec
+
+    def of(self, kind: str) -> list[SocketRecord]:
+        return [r for r in self.records if r.kind == kind]
+
+    def sock(self, rec: SocketRecord) -> socket.socket | None:
+        return self.socks.get(id(rec))
+
+    async def _open(self, rec: SocketRecord, rcvbuf: int | None = None) -> socket.socket | None:
+        sock = await connect(self.endpoint.host, self.endpoint.port, rec, rcvbuf)
+        if sock is not None:
+            self.socks[id(rec)] = sock
+        return sock
+
+    async def non_reader(self, rec: SocketRecord) -> None:
+        sock = await self._open(rec, self.plan.non_reader_rcvbuf)
+        if sock is None:
+            return
+        e, p = self.endpoint, self.plan
+        await send(sock, rec, non_reader_request(e.host_header, e.model, e.api_key, p.non_reader_max_tokens,
+                                                 p.non_reader_n, p.non_reader_logprobs))
+        # and never a read: the fleet's watcher looks at this socket with poll() and SO_ERROR only
+
+    async def idle(self, rec: SocketRecord) -> None:
+        sock = await self._open(rec)
+        if sock is not None:
+            await read_until_closed(sock, rec)
+
+    async def slowloris(self, rec: SocketRecord) -> None:
+        sock = await self._open(rec)
+        if sock is None:
+            return
+        drip = HeaderDrip(self.endpoint.host_header)
+        while await send(sock, rec, drip.next_byte()):
+            # waiting the interval for an answer IS the drip's pace: one header byte every interval
+            if await read_until_closed(sock, rec, timeout_s=self.plan.slowloris_interval_s):
+                return
+
+    def _huge_block(self) -> bytes:
+        if not self._huge:
+            self._huge = huge_header_block(self.endpoint.host_header, self.plan.huge_header_bytes)
+        return self._huge
+
+    async def huge_fast(self, rec: SocketRecord) -> None:
+        sock = await self._open(rec)
+        if sock is None:
+            return
+        await send(sock, rec, self._huge_block())  # fails once the server has refused it and closed
+        if rec.closed_at is None:
+            await read_until_closed(sock, rec)
+
+    async def huge_slow(self, rec: SocketRecord) -> None:
+        sock = await self._open(rec)
+        if sock is None:
+            return
+        block, step = self._huge_block(), self.plan.huge_slow_chunk
+        for offset in range(0, len(block), step):
+            if not await send(sock, rec, block[offset:offset + step]):
+                return
+            # the pause between chunks IS the behaviour: a few KB of header every interval
+            if await read_until_closed(sock, rec, timeout_s=self.plan.huge_slow_interval_s):
+                return
+        await read_until_closed(sock, rec)
+
+    def behaviour(self, kind: str):
+        return {NON_READER: self.non_reader, IDLE: self.idle, SLOWLORIS: self.slowloris, HUGE_FAST: self.huge_fast,
+                HUGE_SLOW: self.huge_slow}[kind]
+
+    def open_non_readers(self) -> list[tuple[SocketRecord, socket.socket]]:
+        return [(r, s) for r in self.of(NON_READER) if r.closed_at is None and (s := self.sock(r)) is not None]
+
+    def close(self) -> int:
+        """Closes every socket the fleet still holds (a non-reader's unread bytes make its close a reset)."""
+        socks = list(self.socks.values())
+        close_all(socks)
+        self.socks.clear()
+        return len(socks)
+
+
+def start(fleet: Fleet, kinds: tuple[str, ...]) -> list[asyncio.Task]:
+    """One task per socket of each kind, in the order given (the first kind's connects go out first)."""
+    return [asyncio.create_task(fleet.behaviour(kind)(fleet.record(kind)), name=f"hostile {kind}")
+            for kind in kinds for _ in range(fleet.plan.count(kind))]

@@ -1,4 +1,6 @@
-"""One chat completion as the overload driver sends it, classified; and one client's closed loop.
+"""The overload driver's raw client: one chat completion over httpx (a stream read as SSE), classified; and one
+client's closed loop. Raw, not `vllm bench serve` nor the SDK: the point is each answer's status, error code and
+Retry-After, early hang-ups by design, and a refused client's own back-off.
 
 Outcomes: ok | hangup (by design) | refused (at arrival: queue full, or 429 over its time target; `code` says
 which) | queue_timeout | error_5xx | error_4xx | stream_error (an error event inside a 200 stream, or a stream
@@ -12,37 +14,18 @@ import json
 import random
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from loadkit.overload.mix import Mix, PromptMaker, Spec
+from loadkit.overload.mix import Mix
+from loadkit.record import Record
 from loadkit.sse import ChatStream, delta_text
+from loadkit.workload import Ask, PromptMaker
 
 BACKOFF_CAP_S = 1.0  # honour Retry-After, but never wait longer: the phase must stay overloaded
 HUNG_GRACE_S = 10.0  # a request with no response within request_timeout + this is "hung"
 FAILURES = ("error_5xx", "error_4xx", "transport", "stream_error")
-
-
-@dataclass
-class Record:
-    spec: Spec
-    start: float
-    end: float = 0.0
-    outcome: str = ""
-    status: int | None = None
-    code: str | None = None
-    retry_after: float | None = None
-    output_tokens: int = 0
-    prompt_tokens: int = 0  # as the service counted them (usage)
-    ttft: float | None = None
-    detail: str = ""  # the error body, for the report
-    request_id: str = ""  # sent as X-Request-Id; Ray Serve's proxy adopts it, so the service's logs can be joined
-
-    @property
-    def latency(self) -> float:
-        return self.end - self.start
 
 
 def classify_error(rec: Record, status: int, body: bytes, headers: httpx.Headers) -> None:
@@ -66,7 +49,7 @@ def classify_error(rec: Record, status: int, body: bytes, headers: httpx.Headers
         rec.outcome = "error_4xx"
 
 
-async def _streaming(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Record) -> None:
+async def _streaming(http: httpx.AsyncClient, body: dict, ask: Ask, rec: Record) -> None:
     async with http.stream("POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": rec.request_id}) as r:
         if r.status_code != 200:
             classify_error(rec, r.status_code, await r.aread(), r.headers)
@@ -86,7 +69,7 @@ async def _streaming(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Recor
                 chunks += 1
                 if rec.ttft is None:
                     rec.ttft = time.monotonic() - rec.start
-                if spec.hangup and chunks >= spec.hangup_chunks:
+                if ask.hangup and chunks >= ask.hangup_chunks:
                     rec.outcome = "hangup"  # leaving the block closes the connection mid-stream
                     return
         if stream.done:
@@ -96,10 +79,10 @@ async def _streaming(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Recor
         rec.code = rec.code or "no_done_marker"
 
 
-async def _plain(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Record) -> None:
+async def _plain(http: httpx.AsyncClient, body: dict, ask: Ask, rec: Record) -> None:
     try:
         post = http.post("/v1/chat/completions", json=body, headers={"X-Request-Id": rec.request_id})
-        r = await (asyncio.wait_for(post, timeout=spec.hangup_after_s) if spec.hangup else post)
+        r = await (asyncio.wait_for(post, timeout=ask.hangup_after_s) if ask.hangup else post)
     except TimeoutError:
         rec.outcome = "hangup"
         return
@@ -111,16 +94,16 @@ async def _plain(http: httpx.AsyncClient, body: dict, spec: Spec, rec: Record) -
     rec.output_tokens, rec.prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
 
 
-async def one_request(http: httpx.AsyncClient, model: str, prompts: PromptMaker, spec: Spec,
+async def one_request(http: httpx.AsyncClient, model: str, prompts: PromptMaker, ask: Ask,
                       hung_after_s: float) -> Record:
-    body: dict[str, Any] = {"model": model, "messages": prompts.messages(spec), "max_tokens": spec.max_tokens,
-                            "temperature": 0, "ignore_eos": True, "stream": spec.stream}
-    if spec.stream:
+    body: dict[str, Any] = {"model": model, "messages": prompts.messages(ask), "max_tokens": ask.max_tokens,
+                            "temperature": 0, "ignore_eos": True, "stream": ask.stream}
+    if ask.stream:
         body["stream_options"] = {"include_usage": True}
-    rec = Record(spec=spec, start=time.monotonic(), request_id=f"ovl-{uuid.uuid4().hex}")
+    rec = Record(time.monotonic(), ask=ask, request_id=f"ovl-{uuid.uuid4().hex}")
     try:
         async with asyncio.timeout(hung_after_s):
-            await (_streaming if spec.stream else _plain)(http, body, spec, rec)
+            await (_streaming if ask.stream else _plain)(http, body, ask, rec)
     except TimeoutError:
         rec.outcome = "hung"
     except httpx.HTTPError as err:
@@ -133,15 +116,15 @@ async def client_loop(http: httpx.AsyncClient, model: str, prompts: PromptMaker,
                       hung_after_s: float, out: list[Record], seed: int) -> None:
     """Requests back to back until `deadline`; a refused request is retried after a short, capped backoff."""
     rng = random.Random(seed)  # backoff jitter only; the mix has its own generator
-    spec = None
+    ask = None
     while time.monotonic() < deadline:
-        spec = spec or mix.next()
-        rec = await one_request(http, model, prompts, spec, hung_after_s)
+        ask = ask or mix.next()
+        rec = await one_request(http, model, prompts, ask, hung_after_s)
         out.append(rec)
         if rec.outcome in ("refused", "queue_timeout"):
             wait = min(rec.retry_after or BACKOFF_CAP_S, BACKOFF_CAP_S) * rng.uniform(0.75, 1.0)
             await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
             continue
-        spec = None
+        ask = None
         if rec.outcome in FAILURES:
             await asyncio.sleep(min(BACKOFF_CAP_S, max(0.0, deadline - time.monotonic())))

@@ -18,15 +18,18 @@ from pathlib import Path
 
 import httpx
 
-from loadkit.overload.client import Record, client_loop
-from loadkit.overload.mix import SEED, Mix, PromptMaker
-from loadkit.overload.stats_poll import Stats, Watch, get_stats, watch
+from loadkit.overload.client import client_loop
+from loadkit.overload.mix import SEED, Mix
+from loadkit.overload.stats_poll import Watch, watch
 from loadkit.probe import ProbeFindings
 from loadkit.proctree import ProcessTree
+from loadkit.record import Record
+from loadkit.report import progress
+from loadkit.server_stats import Stats, get_stats
+from loadkit.service import pythonpath
+from loadkit.workload import PromptMaker
 
-
-def log(message: str) -> None:
-    print(f"[overload {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = progress("overload")
 
 
 @dataclass
@@ -91,15 +94,9 @@ class Driving:
 def start_probe(base_url: str, model: str, api_key: str | None, duration_s: float, out: Path) -> subprocess.Popen:
     """The refusal probe in its own process: a newcomer's view of the service, free of this process's
     event-loop lag."""
-    cmd = [sys.executable, "-m", "loadkit.probe", "--base-url", base_url, "--model", model,
+    cmd = [sys.executable, "-m", "loadkit", "probe", "--base-url", base_url, "--model", model,
            "--duration", str(duration_s), "--out", str(out), *(["--api-key", api_key] if api_key else [])]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _kit_path()})
-
-
-def _kit_path() -> str:
-    """PYTHONPATH with this kit's parent folder first, so `-m loadkit...` works before a reinstall."""
-    root = str(Path(__file__).resolve().parents[2])
-    return os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": pythonpath()})
 
 
 async def idle_phase(d: Driving, seconds: float) -> Phase:

@@ -13,16 +13,14 @@ import argparse
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from loadkit.overload.client import Record
 from loadkit.overload.phases import Phase
-from loadkit.overload.stats_poll import Stats
+from loadkit.record import Record
+from loadkit.server_stats import Stats
 from loadkit.stats import percentile
 
-DEFAULT_TTFT_TARGET_S = 10.0  # the service's default deployment.ttft_target_s (docs/configuration.md)
-# The service predicts from the request's arrival at the replica; the client times from before it sends. In
-# between: tokenizing the prompt (before admission), and this load generator's event loop, which lags p99
-# 0.3-0.8 s during overload (its own row in the table) before it sees the first chunk. The prediction itself is a
-# least-squares fit over the replica's last requests, off by some tenths of a second on a changing mix.
+# The service predicts from the request's arrival at the replica; the client times from before it sends: between
+# them, tokenizing the prompt and this load generator's own event-loop lag (its row in the table; docs/overload.md
+# has the figures), and the prediction's own error.
 TTFT_TOLERANCE_S = 2.0
 REASONS = ("queue_full", "over_time_target", "queue_timeout", "other")
 

@@ -7,20 +7,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loadkit.bench.cluster_config import (
+from loadkit.bench.cluster import (
+    Share,
+    cluster_section,
+    fractions,
+    imbalance,
+    json_lines,
+    observed,
+    pooled,
+    shares,
+    startup_seconds,
+)
+from loadkit.bench.results import Row, SystemRun
+from loadkit.peers import (
     ENGINE_DEPLOYMENT,
     INGRESS_DEPLOYMENT,
     MANIFEST,
+    Engine,
     bench_serve_config,
     changes,
     manifest_serve_config,
     replicas_in,
 )
-from loadkit.bench.cluster_facts import observed
-from loadkit.bench.cluster_tables import cluster_section
-from loadkit.bench.replica_logs import Share, fractions, imbalance, json_lines, pooled, shares, startup_seconds
-from loadkit.bench.results import Row, SystemRun
-from loadkit.bench.systems import Engine
 from loadkit.stats import PooledFigures
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 from loadkit.bench.load import DEFAULT_REPEATS, plan, repeats_for
-from loadkit.bench.meta import ReportOptions, RunMeta
-from loadkit.bench.report import render
+from loadkit.bench.report import ReportOptions, render
 from loadkit.bench.results import Row, SystemRun
 from loadkit.bench.run import report_only
-from loadkit.bench.systems import Engine, Variant, variants
 from loadkit.machine import CpuFacts, Machine
+from loadkit.peers import Engine, Variant, variants
+from loadkit.report import RunMeta
 from loadkit.stats import PooledFigures
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ import httpx
 import httpx2
 
 from loadkit.burst import BurstResult, honest, outcome_key, run_burst, summary
-from loadkit.goodput.client import Attempt, Record, make_client, send
-from loadkit.goodput.workload import Ask
-from loadkit.overload.mix import PromptMaker
+from loadkit.record import Attempt, Record
+from loadkit.sdk import make_client, send
+from loadkit.workload import Ask, PromptMaker
 
 ASK = Ask(index=0, prompt_tokens=50, max_tokens=4, stream=True)
 

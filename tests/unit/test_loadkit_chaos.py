@@ -7,8 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from loadkit.chaos.faults import FAULTS
-from loadkit.chaos.report import passed, row, section
-from loadkit.chaos.round import RoundResult
+from loadkit.chaos.round import RoundResult, passed, row, section
 from loadkit.chaos.run import serve_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

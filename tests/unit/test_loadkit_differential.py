@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import json
 
-from loadkit.differential.cases import CURATED
-from loadkit.differential.compare import ABSENT, FLOAT_TOLERANCE, Mismatch, compare, diff
+from loadkit.differential.cases import CURATED, generated
+from loadkit.differential.compare import (
+    ABSENT,
+    FLOAT_TOLERANCE,
+    Mismatch,
+    assemble_stream,
+    compare,
+    diff,
+    normalized,
+    strip_volatile,
+)
 from loadkit.differential.differences import DIFFERENCES, explaining
-from loadkit.differential.exchange import Answer, Request, read_events
-from loadkit.differential.generate import generated
-from loadkit.differential.normalize import assemble_stream, normalized, strip_volatile
+from loadkit.differential.exchange import Answer, Request
 from loadkit.differential.peer import EngineSettings
 from loadkit.differential.verdict import judge
+from loadkit.sse import read_events
 
 CHAT = Request("POST", "/v1/chat/completions", {"model": "m", "messages": [], "temperature": 0})
 

@@ -10,18 +10,16 @@ import httpx2
 import numpy as np
 import pytest
 
-from loadkit.bench.meta import RunMeta
-from loadkit.bench.systems import Engine
-from loadkit.goodput.capacity import Capacity, steady_tokens
-from loadkit.goodput.client import Attempt, Record, make_client, send, status_outcome
-from loadkit.goodput.figures import Targets, figures, is_good, wasted_share
+from loadkit.goodput.figures import Targets, figures, is_good, launch_from_dict, launch_to_dict, pool, wasted_share
 from loadkit.goodput.launch import LaunchRun, WindowRun
+from loadkit.goodput.loops import Rate, arrivals, steady_tokens
 from loadkit.goodput.report import Setup, checks, render
-from loadkit.goodput.results import launch_from_dict, launch_to_dict, pool
-from loadkit.goodput.schedule import arrivals
-from loadkit.goodput.workload import Ask, mix, stream
 from loadkit.machine import CpuFacts, Machine
-from loadkit.overload.mix import PromptMaker
+from loadkit.peers import Engine
+from loadkit.record import Attempt, Record
+from loadkit.report import RunMeta
+from loadkit.sdk import make_client, send, status_outcome
+from loadkit.workload import Ask, PromptMaker, mix, stream
 
 STREAM = Ask(index=0, prompt_tokens=50, max_tokens=32, stream=True)
 PLAIN = Ask(index=1, prompt_tokens=50, max_tokens=32, stream=False)
@@ -168,7 +166,7 @@ def _launch(system: str, goodput_ok: int, refused: int) -> LaunchRun:
     records = [rec("ok", 5) for _ in range(goodput_ok)] + [rec("refused", 0.01, attempts=[Attempt(429, 0.01)])
                                                            for _ in range(refused)]
     return LaunchRun(system=system, round=0, command=["x"], log_path="l", status="ok",
-                     capacity=Capacity(rate_rps=1.0, measured=True, completed=20, counted_s=20.0),
+                     capacity=Rate(rate_rps=1.0, measured=True, completed=20, counted_s=20.0),
                      windows=[WindowRun(4.0, 4.0, 10.0, records, 2**30), WindowRun(1.0, 1.0, 10.0, records[:5], 2**30)])
 
 
@@ -196,7 +194,7 @@ def test_pool_results_json_round_trip_and_the_issues_checks():
 
 
 def test_auto_precision_is_resolved_once_for_every_system(monkeypatch):
-    from loadkit.goodput import run
+    from loadkit import precision as run
 
     monkeypatch.setattr(run, "cpu_facts", lambda: CpuFacts("cpu", ("avx2",), 2))
     assert run.same_precision("auto") == "float32" and run.same_precision("bfloat16") == "bfloat16"

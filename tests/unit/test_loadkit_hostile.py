@@ -13,22 +13,37 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadkit.hostile.attack import Attack, mark_released
-from loadkit.hostile.checks import Check, EngineFacts, Idle, StatsPoint, engine_outcomes
-from loadkit.hostile.deployment import NotLoopback, OwnService, loopback_url
-from loadkit.hostile.floods import GIANT, TOKENIZE, Answer
-from loadkit.hostile.lag import max_range, parse_histogram, quantile_bound
+from loadkit.hostile import run as hostile_cli
+from loadkit.hostile.attack import GIANT, TOKENIZE, Attack, mark_released
 from loadkit.hostile.plan import HUGE_FAST, HUGE_SLOW, IDLE, NON_READER, SLOWLORIS, Clocks, Plan
-from loadkit.hostile.polite import PoliteRecord, longest_unserved_s, served_again_s
-from loadkit.hostile.render import DOC, RunFacts, render, vector_text
+from loadkit.hostile.polite import longest_unserved_s, served_again_s
+from loadkit.hostile.report import DOC, evaluate, render, vector_text
 from loadkit.hostile.result import HostileResult
-from loadkit.hostile.server_view import Sample, parse_send_queues
-from loadkit.hostile.sockets import SocketRecord, hangup, peek, unread
-from loadkit.hostile.targets import evaluate
-from loadkit.hostile.wire import HeaderDrip, huge_header_block, request_bytes, status_of
+from loadkit.hostile.server_view import (
+    EngineFacts,
+    Sample,
+    engine_outcomes,
+    max_range,
+    parse_histogram,
+    parse_send_queues,
+    quantile_bound,
+)
+from loadkit.hostile.sockets import (
+    HeaderDrip,
+    SocketRecord,
+    hangup,
+    huge_header_block,
+    peek,
+    request_bytes,
+    status_of,
+    unread,
+)
 from loadkit.machine import Commit, CpuFacts, Machine
 from loadkit.markdown import write_section
-from scripts import hostile as hostile_cli
+from loadkit.record import Record
+from loadkit.report import Check, RunFacts
+from loadkit.server_stats import Idle, Stats
+from loadkit.service import NotLoopback, loopback_url
 
 REPO = Path(__file__).resolve().parents[2]
 EDGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, math.inf)
@@ -159,9 +174,9 @@ def test_a_reset_is_seen_as_one(pair):
 
 # -- the polite client's figures ---------------------------------------------------------------------------------
 
-def _polite(start: float, status: int | None, latency: float = 0.1) -> PoliteRecord:
+def _polite(start: float, status: int | None, latency: float = 0.1) -> Record:
     outcome = "ok" if status == 200 else "refused" if status in (429, 503) else "timeout"
-    return PoliteRecord(start, start + latency, status, outcome)
+    return Record(start, start + latency, outcome, status)
 
 
 def test_served_again_counts_only_requests_sent_after_the_attack_began():
@@ -195,9 +210,10 @@ def _result(polite_gap: float = 4.0, lockout: float = 5.0, lag_tail: int = 1, fd
               *(_polite(float(t), 200) for t in range(int(100 + polite_gap + lockout), 180, 5)),
               *(_polite(t, 200) for t in (181.0, 182.0, 183.0))]
     attack = Attack(started=100.0, ended=180.0, answers=[
-        Answer(GIANT, 100.0, 100.2, 400, "context_length_exceeded"), Answer(TOKENIZE, 101.0, 101.01, 429, "queue_full"),
-        Answer(TOKENIZE, 102.0, 102.01, 429, "queue_full")],
-        stats=[StatsPoint(150.0, 32, 32, 64, 96)])
+        Record(100.0, 100.2, status=400, code="context_length_exceeded", kind=GIANT),
+        Record(101.0, 101.01, status=429, code="queue_full", kind=TOKENIZE),
+        Record(102.0, 102.01, status=429, code="queue_full", kind=TOKENIZE)],
+        stats=[Stats(t=150.0, engine_running=32, running=32, waiting=64, in_system=96)])
     before = parse_histogram(_metrics([0] * 13, 0.0))
     after = parse_histogram(_metrics([990, 0, 0, 0, 0, 9, lag_tail, 0, 0, 0, 0, 0, 0], 0.5))
     samples = [Sample(120.0, 600 * 2**20, 20, 10), Sample(150.0, 650 * 2**20, 15, 6)]
@@ -205,7 +221,7 @@ def _result(polite_gap: float = 4.0, lockout: float = 5.0, lag_tail: int = 1, fd
         plan=plan, clocks=Clocks(header_timeout_s=5, write_stall_timeout_s=stall, source="test"), model="m",
         engine=EngineFacts("float32", "AVX2 only: no native bfloat16"), attack=attack, sockets=socks, polite=polite,
         lag_before=before, lag_after=after, baseline=Sample(99.0, 580 * 2**20, 10, 2), samples=samples,
-        after=Sample(190.0, 640 * 2**20, fds_after, 2), idle_after=Idle(True, 1.5, StatsPoint(189.0, 0, 0, 0, 0)),
+        after=Sample(190.0, 640 * 2**20, fds_after, 2), idle_after=Idle(True, 1.5, Stats(t=189.0)),
         paris=Check(True, "HTTP 200 in 0.50 s: 'The capital of France is Paris.'"), view="the replica listens",
         leftover=[])
 
@@ -293,13 +309,13 @@ def test_only_loopback_is_driven():
 
 
 def test_the_own_service_config_has_a_free_port_a_key_and_the_shorter_clocks(tmp_path: Path):
-    service = OwnService(REPO, REPO / "configs" / "cpu.yaml", {"write_stall_timeout_s": 7.0}, 60, tmp_path)
+    service, clocks = hostile_cli.own_service(REPO / "configs" / "cpu.yaml", {"write_stall_timeout_s": 7.0}, tmp_path)
     config = yaml.safe_load(service.config_path.read_text())
     s = config["service"]
     assert s["host"] == "127.0.0.1" and s["port"] == service.port != 8000 and s["api_keys"] == [service.api_key]
     assert (s["header_timeout_s"], s["write_stall_timeout_s"]) == (5.0, 7.0)
-    assert service.clocks.write_stall_timeout_s == 7.0 and "lowered" in service.clocks.source
-    assert service.clocks.queue_timeout_s == config["models"][0]["deployment"]["queue_timeout_s"]
+    assert clocks.write_stall_timeout_s == 7.0 and "lowered" in clocks.source
+    assert clocks.queue_timeout_s == config["models"][0]["deployment"]["queue_timeout_s"]
 
 
 def test_the_command_line_scales_its_flags_into_the_plan():

@@ -5,7 +5,6 @@ service is started)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -13,12 +12,11 @@ import httpx
 import pytest
 import yaml
 
-from loadkit.overload.capacity import Capacity, OwnService
-from loadkit.overload.client import Record, classify_error
+from loadkit.overload import run as overload_cli
+from loadkit.overload.client import classify_error
 from loadkit.overload.phases import Phase
-from loadkit.overload.render import time_lines
-from loadkit.overload.stats_poll import Stats
-from loadkit.overload.targets import queue_timeout_target, ttft_target
+from loadkit.overload.report import queue_timeout_target, time_lines, ttft_target
+from loadkit.overload.result import Admission
 from loadkit.overload.timing import (
     by_reason,
     first_tokens,
@@ -27,6 +25,8 @@ from loadkit.overload.timing import (
     reason,
     share_within,
 )
+from loadkit.record import Record
+from loadkit.server_stats import Stats
 from tests.unit.test_loadkit_overload import SPEC, STATS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,13 +34,13 @@ PLAIN = SPEC.__class__(**{**SPEC.__dict__, "stream": False})
 
 
 def _answer(status: int, code: str, latency: float = 0.01) -> Record:
-    rec = Record(spec=SPEC, start=1.0, end=1.0 + latency)
+    rec = Record(ask=SPEC, start=1.0, end=1.0 + latency)
     classify_error(rec, status, f'{{"error": {{"code": "{code}"}}}}'.encode(), httpx.Headers({"retry-after": "3"}))
     return rec
 
 
 def _stream(ttft: float | None, outcome: str = "ok") -> Record:
-    return Record(spec=SPEC, start=0.0, end=5.0, outcome=outcome, status=200, ttft=ttft)
+    return Record(ask=SPEC, start=0.0, end=5.0, outcome=outcome, status=200, ttft=ttft)
 
 
 def _phase(records: list[Record], name: str = "overload (6x)", samples: list[Stats] | None = None) -> Phase:
@@ -70,7 +70,7 @@ def test_refusals_are_split_by_reason_with_their_client_latency():
 
 
 def test_first_tokens_count_every_admitted_stream_and_the_share_within_the_target():
-    plain = Record(spec=PLAIN, start=0.0, end=2.0, outcome="ok", status=200)
+    plain = Record(ask=PLAIN, start=0.0, end=2.0, outcome="ok", status=200)
     records = [_stream(1.0), _stream(4.0, "hangup"), _stream(None, "hangup"), plain, _stream(12.0),
                _answer(429, "over_time_target")]
     assert first_tokens(records) == [1.0, 4.0, 12.0]
@@ -121,7 +121,7 @@ def test_the_report_table_has_refusals_by_reason_first_tokens_and_the_pace():
                                          "output_share": 0.87}})]
     phase = _phase([_answer(429, "over_time_target", 0.003), _answer(429, "over_time_target", 0.005),
                     _stream(2.0), _stream(11.0)], samples=samples)
-    text = "\n".join(time_lines(Capacity(8, 8, 10, 60), [phase]))
+    text = "\n".join(time_lines(Admission(8, 8, 10, 60), [phase]))
     assert "`ttft_target_s` 10 s" in text
     assert "| refused: over_time_target (count; client latency p50 / p99) | 2; 4.0 / 5.0 ms (n=2) |" in text
     assert "| refused: queue_timeout (count; client latency p50 / p99) | 0 |" in text
@@ -131,8 +131,8 @@ def test_the_report_table_has_refusals_by_reason_first_tokens_and_the_pace():
     assert "| latest arrival's predicted first token (admission.predicted_first_token_s) | 8.25 s (polled max " \
            "8.25 s) |" in text
     assert "| pace at the phase's end: prefill / decode per token / output share / samples | - (not in /stats) |" \
-           in "\n".join(time_lines(Capacity(8, 8, 10, 60), [_phase([])]))
-    off = "\n".join(time_lines(Capacity(8, 8, 10, 60, ttft_target_s=None), [phase]))
+           in "\n".join(time_lines(Admission(8, 8, 10, 60), [_phase([])]))
+    off = "\n".join(time_lines(Admission(8, 8, 10, 60, ttft_target_s=None), [phase]))
     assert "no time target" in off and "| admitted streams: first token within ttft_target_s (off) | - (no " in off
 
 
@@ -147,23 +147,16 @@ def test_the_ttft_target_flag_refuses_nonsense(text):
         parse_target_s(text)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("overload_cli", REPO / "scripts" / "overload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("argv", "given", "written"), [([], False, "absent"), (["--ttft-target", "4"], True, 4.0),
                                                         (["--ttft-target", "none"], True, None)])
 def test_the_generated_config_carries_the_flag_or_keeps_the_default(tmp_path, argv, given, written):
-    args = _script().parse_args(argv)
-    cap = Capacity(8, 8, 10, 60)
+    args = overload_cli.parse_args(argv)
+    cap = Admission(8, 8, 10, 60)
     if given:
         cap.ttft_target_s, cap.ttft_target_given = args.ttft_target, True
     base = tmp_path / "base.yaml"
     base.write_text((REPO / "configs" / "cpu.yaml").read_text())
-    service = OwnService(tmp_path, base, cap, startup_timeout_s=1)
+    service = overload_cli.own_service(base, cap, repo=tmp_path)
     try:
         deployment = yaml.safe_load(service.config_path.read_text())["models"][0]["deployment"]
     finally:

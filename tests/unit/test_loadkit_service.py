@@ -9,7 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from loadkit.service import ProcessGroup, free_port, wait_until
+from loadkit.service import ProcessGroup, free_port
+from loadkit.waiting import wait_until
 
 SERVER = """
 import signal, subprocess, sys, time

@@ -1,5 +1,8 @@
-"""One request as a real client sends it, and how it ended: the `openai` SDK (AsyncOpenAI) with its default retry
-policy (max_retries=2; it honours Retry-After), every attempt on the wire counted by the transport.
+"""The `openai` SDK as a real client uses it (AsyncOpenAI), every attempt on the wire counted by the transport.
+
+The kit's own client only where the point is the SDK itself: its retries (by default max_retries=2, honouring
+Retry-After) and what each attempt got (status, error code, Retry-After), which `vllm bench serve` neither does nor
+records; a closed-loop throughput sweep is `vllm bench serve`'s (loadkit.bench.load).
 
 Outcomes: ok (the whole answer) | refused (the last attempt got 429, or 503 other than a queue timeout) |
 timed_out (the SDK's timeout, a server's queue timeout, or cut off by the harness at the end of a window) |
@@ -11,48 +14,17 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import httpx2
 import openai
 
-from loadkit.goodput.workload import Ask
-from loadkit.overload.mix import PromptMaker
+from loadkit.record import Attempt, Record
+from loadkit.workload import PromptMaker
 
 OUTCOMES = ("ok", "refused", "timed_out", "failed")
 WASTED = ("refused", "timed_out", "failed")
 REFUSAL_STATUSES = (429, 503)
 HEADER = "x-loadkit-request"  # the SDK sends the same extra headers on every attempt: attempts are joined by it
-
-
-@dataclass
-class Attempt:
-    """One HTTP exchange: its status (None: no response) and seconds to the response's headers (or to the error)."""
-
-    status: int | None
-    seconds: float
-    error: str = ""
-    retry_after: str | None = None  # the response's Retry-After header, as sent
-
-
-@dataclass
-class Record:
-    ask: Ask
-    start: float  # when the request was sent (monotonic), its first attempt
-    scheduled: float = 0.0  # when the schedule said it should be (start - scheduled: the harness's own lag)
-    end: float = 0.0
-    outcome: str = ""
-    status: int | None = None
-    code: str | None = None  # an error answer's OpenAI `code` (over_time_target, queue_full, queue_timeout, ...)
-    ttft: float | None = None  # streaming: seconds from `start` to the first content
-    output_tokens: int = 0
-    attempts: list[Attempt] = field(default_factory=list)
-    detail: str = ""
-    chunk_times: list[float] | None = None  # when given (capacity loop): when each content chunk arrived
-
-    @property
-    def latency(self) -> float:
-        return self.end - self.start
 
 
 class AttemptLog(httpx2.AsyncBaseTransport):
@@ -135,7 +107,8 @@ async def _create(client: openai.AsyncOpenAI, model: str, prompts: PromptMaker, 
 
 
 async def send(client: openai.AsyncOpenAI, log: AttemptLog, model: str, prompts: PromptMaker, rec: Record) -> Record:
-    """Sends `rec.ask` and fills `rec` in; a cancellation (the harness's cut-off) is recorded, then re-raised."""
+    """Sends `rec.ask` and fills `rec` in (`rec.chunk_times`, if a list, gets each content chunk's arrival); a
+    cancellation (the harness's cut-off) is recorded, then re-raised."""
     key = uuid.uuid4().hex
     try:
         await _create(client, model, prompts, rec, key)

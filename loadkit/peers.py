@@ -1,20 +1,23 @@
-"""The systems the benchmark compares, at a precision each: what they are called and how each one is started.
+"""The systems a comparison starts, each at a precision: this project (and its topologies) and its peers, bare
+vLLM, Ray Serve LLM and the naive baseline; what each is called and how each is started.
 
-Identical engine settings for every vLLM-based system (enforce_eager, max_model_len 2048, max_num_seqs 64,
-KV cache 2 GiB, one engine replica); only the precision varies, and every vLLM-based system runs at each one
-asked for. The naive baseline is not a vLLM engine: it runs once, at the first precision asked for.
+Every vLLM-based system gets the same engine settings (`Engine`: enforce_eager, max_model_len 2048, max_num_seqs
+64, KV cache 2 GiB, one engine replica); only the precision varies. The naive baseline is not a vLLM engine: it
+runs once, at the first precision asked for. `start` runs one variant as a `Server`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from loadkit.service import child_env
+from loadkit.service import Server, child_env, derive_config, free_port, pythonpath, write_config
 
 MODEL_ID = "smollm2-135m-instruct"
 SYSTEMS = ("app", "app-proxy", "app-ingress", "app-cluster", "vllm", "ray-llm", "naive")
@@ -95,32 +98,25 @@ def variants(systems: list[str], dtypes: list[str]) -> list[Variant]:
 
 def write_app_config(repo: Path, work: Path, port: int, max_concurrency: int, output_len: int, engine: Engine,
                      colocate: bool = True, shipped_admission: bool = False) -> Path:
-    """configs/cpu.yaml with only what the benchmark needs changed (`dtype: auto` passed through as it is).
+    """configs/cpu.yaml with only what the comparison needs changed (`dtype: auto` passed through as it is).
     `shipped_admission`: the config's own admission and request timeout are kept (an overload benchmark measures
     them); otherwise admission is opened up so that it never refuses during a throughput benchmark."""
-    config = yaml.safe_load((repo / "configs" / "cpu.yaml").read_text())
-    service = config.setdefault("service", {})
-    service.update({"host": "127.0.0.1", "port": port, "api_keys": [], "drain_grace_s": 5,
-                    "colocate_ingress": colocate})
-    model = config["models"][0]
-    model["id"] = MODEL_ID
-    model["source"] = "default"
-    model.setdefault("engine", {}).update({
-        "enforce_eager": engine.enforce_eager, "dtype": engine.dtype, "max_model_len": engine.max_model_len,
-        "max_num_seqs": engine.max_num_seqs, "kv_cache_gib": engine.kv_cache_gib})
-    model.setdefault("deployment", {})["num_replicas"] = 1
-    if not shipped_admission:
-        service["request_timeout_s"] = 3600
-        model["deployment"].update({
-            "max_ongoing_requests": max(64, max_concurrency),  # admission must not refuse during the benchmark
-            "max_queued_requests": 64,
-            "ttft_target_s": None})  # by count or by time: a closed-loop throughput run measures the engine
-    limits = model.setdefault("limits", {})
+    opened = {} if shipped_admission else {
+        "max_ongoing_requests": max(64, max_concurrency),  # admission must not refuse during the benchmark
+        "max_queued_requests": 64,
+        "ttft_target_s": None}  # by count or by time: a closed-loop throughput run measures the engine
+    config = derive_config(
+        repo / "configs" / "cpu.yaml", port,
+        service={"drain_grace_s": 5, "colocate_ingress": colocate,
+                 **({} if shipped_admission else {"request_timeout_s": 3600})},
+        model={"id": MODEL_ID, "source": "default"},
+        engine={"enforce_eager": engine.enforce_eager, "dtype": engine.dtype, "max_model_len": engine.max_model_len,
+                "max_num_seqs": engine.max_num_seqs, "kv_cache_gib": engine.kv_cache_gib},
+        deployment={"num_replicas": 1, **opened})
+    limits = config["models"][0].setdefault("limits", {})
     limits["max_tokens"] = max(int(limits.get("max_tokens", 1024)), output_len)
-    config["models"] = [model]
-    path = work / f"app-bench-{engine.dtype}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    config["models"] = config["models"][:1]
+    return write_config(config, work / f"app-bench-{engine.dtype}.yaml")
 
 
 @dataclass(frozen=True)
@@ -142,13 +138,92 @@ def cluster_facts_path(work: Path, port: int) -> Path:
     return work / f"app-cluster-{port}.cluster.json"
 
 
+# -- the `app-cluster` system's Serve config -----------------------------------------------------------------------
+# The KubeRay CPU manifest's own serveConfigV2 with only what the comparison's rules require changed: where Serve's
+# proxy listens (loopback and the harness's port, as a pod's network gives 0.0.0.0:8000), the engine settings every
+# vLLM-based system gets, and the admission the `app` system gets. Kept as the manifest has them: the separate
+# ingress tier, the `deployments` override (two engine replicas, at most one per node; two ingress replicas),
+# `num_cpus`, and everything else.
+
+MANIFEST = Path("configs") / "kuberay" / "rayservice-cpu.yaml"
+APP_NAME = "llm"  # the manifest's application
+INGRESS_DEPLOYMENT = "ingress"
+# app.rayserve.builder.engine_deployment_name(MODEL_ID); the kit imports nothing from app/.
+ENGINE_DEPLOYMENT = "engine-" + MODEL_ID
+
+
+def manifest_serve_config(manifest_text: str) -> dict[str, Any]:
+    """The serveConfigV2 of a RayService manifest, as data."""
+    return yaml.safe_load(yaml.safe_load(manifest_text)["spec"]["serveConfigV2"])
+
+
+def bench_serve_config(serve_config: dict[str, Any], port: int, max_concurrency: int, output_len: int,
+                       engine: Engine) -> dict[str, Any]:
+    """A copy of `serve_config` (one application, one model) with the benchmark's changes; the input is kept."""
+    config = json.loads(json.dumps(serve_config))
+    config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
+    app_config = config["applications"][0]["args"]["config"]
+    service = app_config.setdefault("service", {})
+    service.update({"api_keys": [], "request_timeout_s": 3600, "drain_grace_s": 5})
+    model = app_config["models"][0]
+    model.setdefault("engine", {}).update({
+        "enforce_eager": engine.enforce_eager, "dtype": engine.dtype, "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs, "kv_cache_gib": engine.kv_cache_gib})
+    model.setdefault("deployment", {}).update({
+        "max_ongoing_requests": max(64, max_concurrency),  # per replica: admission must not refuse here either
+        "max_queued_requests": 64,
+        "ttft_target_s": None})
+    limits = model.setdefault("limits", {})
+    limits["max_tokens"] = max(int(limits.get("max_tokens", 1024)), output_len)
+    return config
+
+
+def _leaves(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_leaves(inner, f"{path}.{key}" if path else str(key)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, inner in enumerate(value):
+            name = inner.get("name", inner.get("id", i))
+            out.update(_leaves(inner, f"{path}[{name}]"))
+        return out
+    return {path: value}
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """'key: old -> new' for every leaf that differs (missing: '(unset)'), keys as dotted paths."""
+    old, new = _leaves(before), _leaves(after)
+    out = []
+    for key in sorted(old.keys() | new.keys()):
+        if old.get(key, "(unset)") != new.get(key, "(unset)"):
+            out.append(f"{key}: {json.dumps(old.get(key, '(unset)'))} -> {json.dumps(new.get(key, '(unset)'))}")
+    return [c.replace('"(unset)"', "(unset)") for c in out]
+
+
+def replicas_in(serve_config: dict[str, Any], deployment: str) -> int:
+    """How many replicas the config's `deployments` override gives `deployment` (1 without one)."""
+    for d in serve_config["applications"][0].get("deployments") or []:
+        if d.get("name") == deployment and "num_replicas" in d:
+            return int(d["num_replicas"])
+    return 1
+
+
+def write_cluster_config(repo: Path, work: Path, port: int, max_concurrency: int, output_len: int,
+                         engine: Engine) -> Path:
+    """The config `serve deploy` sends, written beside the run's raw results; returns its path."""
+    manifest = manifest_serve_config((repo / MANIFEST).read_text())
+    return write_config(bench_serve_config(manifest, port, max_concurrency, output_len, engine),
+                        work / f"app-cluster-serve-{engine.dtype}-{port}.yaml")
+
+
 def system_command(v: Variant, port: int, at: Launchable) -> list[str]:
     py, repo, engine = sys.executable, at.repo, replace(at.engine, dtype=v.dtype)
     served = ["--model", at.model_dir, "--served-model-name", MODEL_ID]
     listen = ["--host", "127.0.0.1", "--port", str(port)]
     if v.system == "app-cluster":
-        from loadkit.bench.cluster_config import write_cluster_config  # it imports this module
-
         config = write_cluster_config(repo, at.work, port, at.max_concurrency, at.max_output_len, engine)
         return [py, str(repo / "benchmarks" / "app_cluster.py"), "--serve-config", str(config),
                 "--facts", str(cluster_facts_path(at.work, port))]
@@ -170,9 +245,16 @@ def system_command(v: Variant, port: int, at: Launchable) -> list[str]:
     raise ValueError(v.system)
 
 
+
 def system_env(repo: Path, engine: Engine) -> dict[str, str]:
     """A system's environment: no one else's Ray or keys, the KV cache size, and the kit importable for the
     peers in benchmarks/ (which reap with it) even before a reinstall."""
-    path = os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])
     return child_env(drop=("RAY_ADDRESS", "APP_API_KEYS", "OPENAI_API_KEY"),
-                     VLLM_CPU_KVCACHE_SPACE=str(engine.kv_cache_gib), PYTHONUNBUFFERED="1", PYTHONPATH=path)
+                     VLLM_CPU_KVCACHE_SPACE=str(engine.kv_cache_gib), PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath(repo))
+
+
+def start(v: Variant, at: Launchable, log_path: Path) -> Server:
+    """`v` started on a free port, its whole tree's peak RSS sampled; `Server.stop` leaves nothing behind."""
+    port = free_port()
+    return Server(system_command(v, port, at), port=port, log_path=log_path, cwd=at.repo,
+                  env=system_env(at.repo, at.engine), sample_peak=True)

@@ -3,20 +3,25 @@ vLLM, Ray Serve LLM and the naive baseline; what each is called and how each is 
 
 Every vLLM-based system gets the same engine settings (`Engine`: enforce_eager, max_model_len 2048, max_num_seqs
 64, KV cache 2 GiB, one engine replica); only the precision varies. The naive baseline is not a vLLM engine: it
-runs once, at the first precision asked for. `start` runs one variant as a `Server`.
+runs once, at the first precision asked for. `start` runs one variant as a `Server`; `launch` is one start of it
+in a round of a comparison, from its start-up to a stop that leaves nothing behind, kept as a `Launch`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from loadkit.precision import resolved_dtype
 from loadkit.service import Server, child_env, derive_config, free_port, pythonpath, write_config
 
 MODEL_ID = "smollm2-135m-instruct"
@@ -258,3 +263,52 @@ def start(v: Variant, at: Launchable, log_path: Path) -> Server:
     port = free_port()
     return Server(system_command(v, port, at), port=port, log_path=log_path, cwd=at.repo,
                   env=system_env(at.repo, at.engine), sample_peak=True)
+
+
+@dataclass
+class Launch:
+    """One start of one variant in one round of a comparison, as its results keep it."""
+
+    system: str
+    round: int
+    command: list[str]
+    log_path: str
+    dtype: str = ""
+    port: int = 0
+    status: str = "not run"  # ok | failed to start: ... | what ended it early
+    startup_s: float | None = None
+    idle_rss_bytes: int | None = None
+    resolved_dtype: str | None = None  # what the engine said it computes in (what `auto` became)
+    stop_report: str = ""
+
+
+L = TypeVar("L", bound=Launch)
+
+
+def launch(v: Variant, at: Launchable, log_path: Path, round_: int, kind: type[L], drive: Callable[[Server, L], None],
+           *, startup_timeout_s: float, stop_grace_s: float, say: Callable[[str], None]) -> L:
+    """Starts `v`; once it answers (a chat completion succeeded) notes its start-up time, idle RSS and engine
+    dtype and runs `drive(server, launch)`; then stops it, leaving nothing behind, whatever happened. A system
+    that cannot start (a peer's import error, a crash while loading) ends its launch with a status that says why,
+    with its log's last error line."""
+    server = start(v, at, log_path)
+    out = kind(system=v.system, round=round_, command=server.command, log_path=str(log_path), dtype=v.dtype,
+               port=server.port)
+    say(f"{v.key}: round {round_}: started on port {server.port}: {shlex.join(server.command)}")
+    try:
+        why = server.wait_ready(startup_timeout_s, MODEL_ID)
+        if why:
+            out.status = f"failed to start: {why}"
+            say(f"{v.key}: {out.status}\n--- log tail ---\n{server.log_tail(2000)}\n---")
+            return out
+        out.startup_s = time.monotonic() - server.started
+        out.idle_rss_bytes = server.sampler.sample()
+        out.resolved_dtype = resolved_dtype(server.log_tail(200_000))
+        out.status = "ok"
+        say(f"{v.key}: ready in {out.startup_s:.0f} s, {out.idle_rss_bytes / 2**30:.2f} GiB RSS"
+            + (f", engine dtype {out.resolved_dtype}" if out.resolved_dtype else ""))
+        drive(server, out)
+        return out
+    finally:
+        out.stop_report = server.stop(stop_grace_s).text()
+        say(f"{v.key}: {out.stop_report}")

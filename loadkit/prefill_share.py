@@ -1,15 +1,10 @@
 """`python -m loadkit prefill-share`: how a long prompt and the running streams share the engine, per
-`engine.max_num_batched_tokens` (issue 15).
+`engine.max_num_batched_tokens` (issue 15; docs/sizing.md).
 
-vLLM prefills a prompt in chunks of at most `max_num_batched_tokens` tokens a step, the running streams' decodes
-riding along in the same steps: a large budget prefills a long prompt in few steps, each holding every running
-stream's next token back for its whole length; a small one spreads it over many short steps. One trial: `streams`
-short streams decode steadily; a long prompt (most of the context window) arrives, and a short request right after
-it; measured: the streams' usual gap between tokens, the longest gap while the long prompt is prefilled (the stall
-it causes), and the long prompt's and the short request's first token. Each budget is a stack of its own, started
-and stopped in interleaved rounds so that the machine's drift falls on each alike. The timing is per chunk of
-streams running beside one another, which `vllm bench serve` does not give: the streams go through the kit's SDK
-client (loadkit.sdk), sent once each.
+One trial: short streams decode steadily, a long prompt arrives and a short request right after it; measured: the
+streams' usual gap between tokens, the longest gap while the long prompt is prefilled (the stall), and both first
+tokens. Each budget is a stack of its own, in interleaved rounds. Per-chunk timing of streams beside one another is
+not something `vllm bench serve` gives: they go through the kit's SDK client (loadkit.sdk), each sent once.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""The `app-cluster` system's own facts and its section of the report: how long the cluster took to come up, the
-time from `serve deploy` to every replica running, each engine replica's node and start-up time, each replica's
-share of every load run's requests and output tokens, and the settings changed from the manifest.
-
-benchmarks/app_cluster.py writes the first part (nodes, pids, timings) to its facts file once every replica runs;
-the rest is read from the engine replicas' own log lines while the cluster still runs. Ray keeps a worker's
-stderr as `<session>/logs/worker-<id>-<job>-<pid>.err`; the service writes JSON lines there: `model <id> ready in
-N s` when the engine has loaded, and one `engine request` line per request with `trace_id` (the client's
-X-Request-Id) and `generated_tokens`. The load generator sends `X-Request-Id: <prefix><n>` for the requests it
-measures (not its warm-ups), so a run's requests are the lines whose trace_id starts with that run's prefix.
-
-On a 2-core machine each of the two engines has one core for everything, where bare vLLM and `app` compute on one
-core with the other left to their front end: so both the total and the figure per replica are reported.
+"""The `app-cluster` system's own facts and its section of the report: the cluster's and every replica's start-up,
+each engine replica's node, each replica's share of every load run's requests and output tokens, and the settings
+changed from the manifest. benchmarks/app_cluster.py writes the first part to its facts file; the rest comes from
+the replicas' own JSON log lines in Ray's per-worker stderr files (`model <id> ready in N s`, and one `engine
+request` line per request whose `trace_id` is the load generator's X-Request-Id, so a load run's requests are
+those with its prefix; warm-ups send none). Throughput is reported in total and per replica (docs/benchmarks.md
+says why neither is like for like on two cores).
 """
 
 from __future__ import annotations

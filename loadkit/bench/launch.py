@@ -1,23 +1,18 @@
-"""One launch of one variant in one round: start it, wait until it answers, sweep every step once with the
-round's prompts, stop it leaving nothing behind.
-
-A system that cannot start (a peer's import error, a crash while loading) ends its launch with a status that
-says why, including the last error line of its log, which the report puts in its first lines.
-"""
+"""One launch of one variant in one round of the bench: every step of the sweep once, with the round's prompts,
+through vLLM's own load generator, the tree's peak RSS sampled through each (loadkit.peers.launch starts and
+stops the variant)."""
 
 from __future__ import annotations
 
 import json
 import shlex
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from loadkit.bench.cluster import config_changes, observed, wait_facts
 from loadkit.bench.load import SEED, Step, load_command, prompts_for, run_load, warmups_for
-from loadkit.bench.results import Launch, StepRecord
-from loadkit.peers import MODEL_ID, Launchable, Variant, cluster_facts_path, start
-from loadkit.precision import resolved_dtype
+from loadkit.bench.results import BenchLaunch, StepRecord
+from loadkit.peers import Launchable, Variant, cluster_facts_path, launch
 from loadkit.proctree import PeakSampler
 from loadkit.report import progress
 from loadkit.service import Server
@@ -89,44 +84,27 @@ def _cluster_facts(v: Variant, sweep: Sweep, server: Server) -> dict | None:
     return facts
 
 
-def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[Launch, list[StepRecord]]:
+def bench_variant(v: Variant, sweep: Sweep, round_: int) -> tuple[BenchLaunch, list[StepRecord]]:
     """One launch of `v`: every step once with round `round_`'s prompts (seed SEED + round_)."""
-    at = sweep.at
-    log_path = at.work / f"{v.system}-{v.dtype}.r{round_}.server.log"
-    server = start(v, at, log_path)
-    group, sampler, port, started = server.group, server.sampler, server.port, server.started
-    launch = Launch(system=v.system, dtype=v.dtype, round=round_, port=port, command=server.command,
-                    log_path=str(log_path))
     records: list[StepRecord] = []
-    say(f"{v.key}: round {round_}: started on port {port}: {shlex.join(server.command)}")
-    try:
-        why = server.wait_ready(sweep.startup_timeout_s, MODEL_ID)
-        if why:
-            launch.status = f"failed to start: {why}"
-            say(f"{v.key}: {launch.status}\n--- log tail ---\n{group.log_tail(2000)}\n---")
-            return launch, records
-        launch.startup_s = time.monotonic() - started
-        launch.idle_rss_bytes = sampler.sample()
-        launch.resolved_dtype = resolved_dtype(group.log_tail(200_000))
-        launch.status = "ok"
-        say(f"{v.key}: ready in {launch.startup_s:.0f} s, {launch.idle_rss_bytes / 2**30:.2f} GiB RSS"
-            + (f", engine dtype {launch.resolved_dtype}" if launch.resolved_dtype else ""))
+
+    def sweep_it(server: Server, out: BenchLaunch) -> None:
         facts = _cluster_facts(v, sweep, server)
         for step in sweep.steps:
-            records.append(_step(v, sweep, port, sampler, step, round_))
-            if not group.running():
-                launch.status = f"exited with status {group.proc.returncode} during the benchmark"
-                say(f"{v.key}: {launch.status}")
+            records.append(_step(v, sweep, server.port, server.sampler, step, round_))
+            if not server.running():
+                out.status = f"exited with status {server.group.proc.returncode} during the benchmark"
+                say(f"{v.key}: {out.status}")
                 break
         if facts is not None:  # read while the cluster runs: its logs go with it
             try:
-                launch.cluster = observed(facts, {s.concurrency: trace_prefix(v, s, round_) for s in sweep.steps})
-                say(f"{v.key}: replicas {launch.cluster['engines']}; shares {launch.cluster['shares']}")
+                out.cluster = observed(facts, {s.concurrency: trace_prefix(v, s, round_) for s in sweep.steps})
+                say(f"{v.key}: replicas {out.cluster['engines']}; shares {out.cluster['shares']}")
             except (OSError, ValueError, KeyError, TypeError) as err:  # the load's figures stand without them
-                launch.cluster = {**facts, "error": f"{type(err).__name__}: {err}"}
+                out.cluster = {**facts, "error": f"{type(err).__name__}: {err}"}
                 say(f"{v.key}: replica logs not read: {err!r}")
-        return launch, records
-    finally:
-        grace = max(sweep.stop_grace_s, CLUSTER_STOP_GRACE_S) if v.system == "app-cluster" else sweep.stop_grace_s
-        launch.stop_report = server.stop(grace).text()
-        say(f"{v.key}: {launch.stop_report}")
+
+    grace = max(sweep.stop_grace_s, CLUSTER_STOP_GRACE_S) if v.system == "app-cluster" else sweep.stop_grace_s
+    done = launch(v, sweep.at, sweep.at.work / f"{v.system}-{v.dtype}.r{round_}.server.log", round_, BenchLaunch,
+                  sweep_it, startup_timeout_s=sweep.startup_timeout_s, stop_grace_s=grace, say=say)
+    return done, records

@@ -45,9 +45,8 @@ def prompts_for(system: str, step: Step, chosen: int | None) -> int:
 
 def warmups_for(system: str, concurrency: int, chosen: int | None) -> int:
     """By default a run starts with the engine having just served a batch of the run's own size, so one-off
-    costs of a new batch size stay out of the figures. (Measured: c=16 TTFT p50 stayed at 1-1.5 s either way;
-    that is the prefill of 16 prompts arriving at once, not a warm-up cost.) The naive baseline never
-    batches; two warm-ups are all it needs (each costs it seconds)."""
+    costs of a new batch size stay out of the figures. The naive baseline never batches; two warm-ups are all it
+    needs (each costs it seconds)."""
     if chosen is not None:
         return chosen
     return 2 if system == "naive" else max(2, concurrency)

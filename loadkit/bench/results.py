@@ -7,26 +7,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from loadkit.peers import Variant
+from loadkit.peers import Launch, Variant
 from loadkit.stats import PooledFigures, pool_result_files
 
 
 @dataclass
-class Launch:
-    """One start of one variant, in one round."""
+class BenchLaunch(Launch):
+    """One start of one variant in one round, and (app-cluster) its timings, replicas and shares."""
 
-    system: str
-    dtype: str
-    round: int
-    port: int
-    command: list[str]
-    log_path: str
-    startup_s: float | None = None
-    idle_rss_bytes: int | None = None
-    status: str = "not run"  # ok | failed to start: ... | exited with status N during the benchmark
-    stop_report: str = ""
-    resolved_dtype: str | None = None  # what the engine said it computes in (what `auto` became)
-    cluster: dict | None = None  # app-cluster: timings, replicas and shares (loadkit.bench.cluster.observed)
+    cluster: dict | None = None  # loadkit.bench.cluster.observed
 
 
 @dataclass
@@ -105,7 +94,7 @@ class SystemRun:
         return cls(**{k: v for k, v in d.items() if k in names}, rows=[Row.from_dict(r) for r in d.get("rows", [])])
 
 
-def pool_rounds(v: Variant, input_len: int, launches: list[Launch], records: list[StepRecord]) -> SystemRun:
+def pool_rounds(v: Variant, input_len: int, launches: list[BenchLaunch], records: list[StepRecord]) -> SystemRun:
     """One variant's launches and per-round records -> one `SystemRun` whose rows pool the rounds."""
     first = launches[0]
     failed = next((launch.status for launch in launches if launch.status != "ok"), None)

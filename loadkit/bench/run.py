@@ -18,7 +18,7 @@ from pathlib import Path
 from loadkit.bench.launch import Sweep, bench_variant, say
 from loadkit.bench.load import DEFAULT_INPUT_LEN, DEFAULT_REPEATS, FULL_SWEEP, plan, repeats_for
 from loadkit.bench.report import ReportOptions, write_plots, write_report
-from loadkit.bench.results import Launch, StepRecord, SystemRun, pool_rounds
+from loadkit.bench.results import BenchLaunch, StepRecord, SystemRun, pool_rounds
 from loadkit.machine import machine, versions
 from loadkit.peers import DEFAULT_SYSTEMS, SYSTEMS, Engine, Launchable, Variant, config_dtype, variants
 from loadkit.precision import DTYPES, parse_dtypes
@@ -84,7 +84,7 @@ class Options:
 
 
 def _rounds(o: Options, sweep: Sweep, plan_: list[Variant]) -> tuple[dict, dict, bool]:
-    launches: dict[Variant, list[Launch]] = {v: [] for v in plan_}
+    launches: dict[Variant, list[BenchLaunch]] = {v: [] for v in plan_}
     records: dict[Variant, list[StepRecord]] = {v: [] for v in plan_}
     try:
         for round_ in range(max(repeats_for(v.system, o.repeats) for v in plan_)):

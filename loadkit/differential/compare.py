@@ -1,26 +1,7 @@
-"""What of two answers is compared, and how: each answer normalized (what must differ between two servers left
-out), then compared field by field, with a readable diff.
-
-Left out, everywhere: generated ids (`chatcmpl-…`, `cmpl-…`, `resp_…`, `msg_…`, `call_…`, `chatcmpl-tool-…`,
-`modelperm-…`: each server makes its own), `call_id` / `item_id` (the same ids, referred to), and clocks
-(`created`, `created_at`, `completed_at`) and `system_fingerprint`. Ids that are data (a model's `id`) stay.
-
-An error is its status and its `param`: vLLM's `type` is the exception's class name and its `code` the status
-(`{"type": "BadRequestError", "code": 400}`) where this service uses OpenAI's (`invalid_request_error`, a code
-name or null), and the two phrase messages differently; what a client acts on is the status and the parameter.
-
-A stream is what a client assembles from it: per choice the concatenated text, tool-call names and arguments,
-token ids and logprobs, the last finish reason; the request's last usage; and the set of field paths its chunks
-carry (their shapes). How the text is cut into chunks is not compared: the service sends the first token with
-the role where vLLM sends a role-only chunk first (docs/api.md), and the cuts follow the engine's steps.
-
-Everything must be equal (the same keys, the same list lengths, the same strings, integers and booleans) except
-floats, which may differ by `FLOAT_TOLERANCE`: logprobs come out of two engine processes that compute the same
-model in the same precision but not necessarily with the same thread count or batch shapes (the service's engine
-runs in a Ray worker, vLLM's API server in its own process), and a float reduction in another order moves a
-bfloat16 logit by a rounding step. Greedy token choice is compared exactly, so a rounding difference that flips
-a near-tie shows up as a mismatch, never hidden. An error compares its status, and its `param` only where vLLM
-names one (vLLM leaves `param` empty for many of its refusals; docs/api.md says the service always names it).
+"""What of two answers is compared, and how: each answer normalized (what must differ between two servers left out:
+generated ids, clocks, fingerprints; an error is its status and its `param`; a stream is what a client assembles
+from it), then compared field by field with a readable diff: everything equal but floats, which may differ by
+`FLOAT_TOLERANCE`. docs/differential.md ("How answers are compared") gives the rules and why.
 """
 
 from __future__ import annotations

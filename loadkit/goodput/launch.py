@@ -1,22 +1,22 @@
-"""One system in one round: start it (the bench's commands and engine settings), wait until it answers, warm it
-up, measure its capacity (unless known), run one open-loop window per rate multiple, stop it leaving nothing
-behind. Peak RSS of its whole process tree is sampled through every window.
+"""One system in one round of the goodput run (loadkit.peers.launch starts and stops it, with the bench's commands
+and engine settings): warm it up, measure its capacity (unless known), run one open-loop window per rate
+multiple, the peak RSS of its whole process tree sampled through every window.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shlex
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from loadkit.goodput.loops import Rate, Window, arrivals, measure, open_loop
-from loadkit.peers import MODEL_ID, Launchable, Variant, start
+from loadkit.peers import MODEL_ID, Launch, Launchable, Variant, launch
 from loadkit.proctree import PeakSampler
 from loadkit.record import Record
 from loadkit.report import progress
 from loadkit.sdk import make_client, send
+from loadkit.service import Server
 from loadkit.workload import PromptMaker, mean_output_tokens, mix, stream
 
 WARMUPS = 4
@@ -52,18 +52,12 @@ class WindowRun:
 
 
 @dataclass
-class LaunchRun:
-    system: str
-    round: int
-    command: list[str]
-    log_path: str
-    status: str = "not started"
-    startup_s: float | None = None
-    idle_rss_bytes: int | None = None
+class LaunchRun(Launch):
+    """One system in one round: the rate its windows were offered multiples of, and every window."""
+
     capacity: Rate | None = None  # the rate its windows were offered multiples of
     own_capacity: Rate | None = None  # its own loop's, where that gave nothing and another's rate was used
     windows: list[WindowRun] = field(default_factory=list)
-    stop_report: str = ""
 
 
 def window_for(plan: Plan, round_: int, step: int, rate_rps: float) -> Window:
@@ -113,28 +107,14 @@ async def _drive(plan: Plan, base_url: str, prompts: PromptMaker, round_: int, c
 
 def run_launch(v: Variant, plan: Plan, round_: int, prompts: PromptMaker, capacity: Rate | None,
                fallback: Rate | None = None) -> LaunchRun:
-    log_path = plan.at.work / f"{v.system}.r{round_}.server.log"
-    server = start(v, plan.at, log_path)
-    out = LaunchRun(system=v.system, round=round_, command=server.command, log_path=str(log_path))
-    say(f"{v.system}: round {round_}: started on port {server.port}: {shlex.join(server.command)}")
-    try:
-        why = server.wait_ready(plan.startup_timeout_s, MODEL_ID)
-        if why:
-            out.status = f"failed to start: {why}"
-            say(f"{v.system}: {out.status}")
-            return out
-        out.startup_s = time.monotonic() - server.started
-        out.idle_rss_bytes = server.sampler.sample()
-        say(f"{v.system}: ready in {out.startup_s:.0f} s, {out.idle_rss_bytes / 2**30:.2f} GiB RSS")
+    def windows(server: Server, out: LaunchRun) -> None:
         try:
-            asyncio.run(_drive(plan, f"http://127.0.0.1:{server.port}", prompts, round_, capacity, server.sampler, out,
-                               fallback))
+            asyncio.run(_drive(plan, server.base_url, prompts, round_, capacity, server.sampler, out, fallback))
         except RuntimeError as err:
             out.status = f"failed: {err}"
-            return out
-        running = server.group.running()
-        out.status = "ok" if running else f"exited with status {server.group.proc.returncode} during the run"
-        return out
-    finally:
-        out.stop_report = server.stop(plan.stop_grace_s).text()
-        say(f"{v.system}: {out.stop_report}")
+            return
+        if not server.running():
+            out.status = f"exited with status {server.group.proc.returncode} during the run"
+
+    return launch(v, plan.at, plan.at.work / f"{v.system}.r{round_}.server.log", round_, LaunchRun, windows,
+                  startup_timeout_s=plan.startup_timeout_s, stop_grace_s=plan.stop_grace_s, say=say)

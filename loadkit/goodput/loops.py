@@ -1,18 +1,12 @@
-"""How the goodput benchmark loads a system: the closed loop that measures the rate it can serve, and the
-open-loop windows offered multiples of that rate on a seeded arrival schedule.
+"""How the goodput benchmark loads a system: the closed loop that measures the rate it can serve, and the open-loop
+windows offered multiples of that rate on a seeded arrival schedule.
 
-Capacity: `concurrency` clients (the engine's batch size) send the mix back to back for `duration_s`, every
-request streamed; the rate is the output tokens streamed in the last two thirds of the loop (the first third is
-the ramp) per second, over the mix's mean output length: at steady state each finished request is replaced by a
-new one, so that rate carries the mix's prefills too. Tokens are counted as they arrive, in finished requests and
-in those still running, so long requests count for the work they got (docs/goodput.md says why not completed
-requests). A chunk is one token, or, where a system batches tokens into chunks, its finished requests' tokens
-per chunk.
-
-A window: requests sent at their scheduled times whatever the answers (Poisson gaps, or even ones; a Poisson
-schedule at rate r is the seed's unit-rate schedule stretched by 1/r, so every system sees the same bursts and
-lulls), then up to `drain_s` for what still runs; the rest is cut off (its connection closed) and counts as timed
-out, its client-seconds up to the cut. Then a short settle, so the next window starts on an engine that has let go.
+Capacity: `concurrency` clients send the mix back to back, every request streamed; the rate is the output tokens
+streamed in the last two thirds of the loop (the first is the ramp) per second, over the mix's mean output length,
+tokens counted as they arrive in finished and running requests alike (docs/goodput.md says why). A window sends
+each request at its scheduled time whatever the answers (a Poisson schedule at rate r is the seed's unit-rate one
+stretched by 1/r: every system sees the same bursts), waits up to `drain_s`, cuts off the rest (timed out), then
+settles.
 """
 
 from __future__ import annotations

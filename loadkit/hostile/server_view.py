@@ -1,17 +1,8 @@
-"""The service's side of the attack: which process listens, which is the Serve replica, and what they hold; the
-replica's event-loop lag; the engine's precision; and how its `engine request` log lines ended.
-
-The listener is the process with a LISTEN socket on the service's port (with one replica answering all HTTP, the
-replica itself; behind Serve's proxy, the proxy). The replica is found by its process title (`ServeReplica:*`) in
-the service's process tree; with none there, the listener stands in. A sample is the replica's RSS and open file
-descriptors and the listener's connections on the port, by the client port at their far end: a hostile socket
-whose port is gone from that table has been closed by the server, whatever its client could see. `send_queues`
-reads from /proc/net/tcp how many bytes the server's kernel holds unsent or unacknowledged for each of them.
-
-The lag comes from the Prometheus histogram `app_event_loop_lag_seconds` on /metrics, which gives no exact
-percentile: for a window between two scrapes, the p99 is bounded by the upper edge of the bucket where the
-window's cumulative count first reaches 99 % of its total, and the maximum lies in the highest bucket that gained
-a count (past the last finite edge it is unbounded).
+"""The service's side of the attack: which process listens on the port (the replica itself, or Serve's proxy),
+which is the Serve replica (by its `ServeReplica:*` title in the service's tree; else the listener), their memory,
+descriptors and connections by client port (a hostile socket gone from that table was closed by the server,
+whatever its client saw), the kernel's send queues; the replica's event-loop lag from its Prometheus histogram
+(bounds, not exact percentiles: a bucket's upper edge); the engine's precision and its log's request outcomes.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """The hostile sockets: the bytes they send (built by hand: no HTTP library would send most of them), one coroutine
-per kind, the fleet that holds every socket they opened, and what became of each.
-
-- non-reader: a small SO_RCVBUF set before connecting, one streaming chat with a large `max_tokens` and
-  `ignore_eos`, then never a read;
-- idle: connects and sends nothing;
-- slowloris: one header byte every `slowloris_interval_s`, never the end of the headers;
-- huge headers: a header block of megabytes, at once or a few KB at a time.
-Every kind but the non-reader reads what the server sends, to see its answer (408, 431) and its close. Nothing
-reconnects: each socket is opened once, and the report says what the server did with it.
-
-Two independent ways to see the server end a connection: the client's side (a read returning EOF or ECONNRESET;
-for a socket that must never read, `poll()` for POLLHUP/POLLRDHUP/POLLERR and `SO_ERROR`, which read no data; at
-the very end one non-blocking `recv(MSG_PEEK)`), and the server's side: the connection gone from the listening
-process's open sockets (`released_at`, sampled by `server_view`). A server that closes a connection whose client
-reads nothing leaves its unsent bytes and its FIN queued behind them: the client cannot see that close without
-reading, so the server's side counts too.
+per kind (non-reader, idle, slowloris, huge headers), the fleet that holds every socket, and what became of each.
+Nothing reconnects. The server's end of a connection is seen from the client (EOF or a reset; for a socket that
+must never read, poll() and SO_ERROR only, and one MSG_PEEK at the end) and from the server's connection table
+(`released_at`), since a close behind unsent bytes cannot be seen without reading (docs/hostile.md).
 """
 
 from __future__ import annotations

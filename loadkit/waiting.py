@@ -3,11 +3,13 @@
 `wait_until` (blocking) and `until` (in an event loop; the condition may be a coroutine function) poll
 `condition` until it is truthy and return its value, or raise `NotReached` (a TimeoutError) naming what was
 awaited once the deadline passes or `gave_up()` holds. The poll interval only bounds how late they notice.
+`every` is the other kind of poll: an action repeated at a pace until told to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -51,3 +53,12 @@ async def until(condition: Callable[[], T | Awaitable[T]], timeout_s: float = 30
             return value
         _check(what, timeout_s, deadline, gave_up)
         await asyncio.sleep(interval_s)  # a poll interval, not a wait for something
+
+
+async def every(interval_s: float, stop: asyncio.Event, action: Callable[[], Awaitable[object]]) -> None:
+    """Runs `action` every `interval_s` (start to start; at once again when it took longer) until `stop` is set."""
+    while not stop.is_set():
+        t0 = time.monotonic()
+        await action()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=max(0.0, interval_s - (time.monotonic() - t0)))

@@ -37,6 +37,7 @@ from loadkit.hostile.sockets import (
 )
 from loadkit.record import Record
 from loadkit.server_stats import Stats, get_stats
+from loadkit.waiting import every
 
 WATCH_S = 1.0
 GIANT_FIRST_S = 10.0
@@ -125,13 +126,6 @@ def mark_released(records: list[SocketRecord], ports: set[int], sampled_at: floa
             r.released_at = sampled_at
 
 
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
-    except TimeoutError:
-        pass
-
-
 async def _look(fleet: Fleet, view: ServerView) -> None:
     now = time.monotonic()
     for rec, sock in fleet.open_non_readers():
@@ -150,20 +144,22 @@ async def _look(fleet: Fleet, view: ServerView) -> None:
 
 async def _watch(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, model: str, out: Attack,
                  stop: asyncio.Event) -> None:
-    last_scrape = time.monotonic()
-    while not stop.is_set():
+    last_scrape = [time.monotonic()]
+
+    async def look() -> None:
         t0 = time.monotonic()
         try:
             await _look(fleet, view)
             out.stats.append(await get_stats(http, model))
-            if t0 - last_scrape >= LAG_SCRAPE_S:
-                last_scrape = t0
+            if t0 - last_scrape[0] >= LAG_SCRAPE_S:
+                last_scrape[0] = t0
                 h = await lag_histogram(http)
                 if h is not None:
                     out.lag.append((time.monotonic(), h))
         except (httpx.HTTPError, KeyError, ValueError, OSError):
             out.watch_errors += 1
-        await _pause(stop, WATCH_S - (time.monotonic() - t0))
+
+    await every(WATCH_S, stop, look)
 
 
 async def attack(fleet: Fleet, view: ServerView, http: httpx.AsyncClient, hostile_http: httpx.AsyncClient,

@@ -13,6 +13,7 @@ from loadkit.proctree import ProcessTree
 from loadkit.server_stats import Stats
 from loadkit.server_stats import get_stats as get_stats  # re-exported: tests/integration/test_overload.py
 from loadkit.server_stats import wait_idle as wait_idle  # imports both from here
+from loadkit.waiting import every
 
 
 @dataclass
@@ -31,45 +32,32 @@ class Watch:
         return max((getattr(s, attr) for s in self.samples), default="-")
 
 
-async def _sleep_or(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
-    except TimeoutError:
-        pass
-
-
 async def watch(http: httpx.AsyncClient, model: str, tree: ProcessTree, w: Watch, stop: asyncio.Event) -> None:
     """Polls until `stop` is set, filling `w`."""
 
-    async def stats_loop():
-        while not stop.is_set():
-            t0 = time.monotonic()
-            try:
-                r = await http.get("/stats", timeout=10)
-                w.stats_latency.append(time.monotonic() - t0)
-                w.samples.append(Stats.from_json(r.json()[model], t0))
-            except Exception:
-                w.poll_errors += 1
-            await _sleep_or(stop, 0.25 - (time.monotonic() - t0))
+    async def stats() -> None:
+        t0 = time.monotonic()
+        try:
+            r = await http.get("/stats", timeout=10)
+            w.stats_latency.append(time.monotonic() - t0)
+            w.samples.append(Stats.from_json(r.json()[model], t0))
+        except Exception:
+            w.poll_errors += 1
 
-    async def livez_loop():  # the proxy + ingress path alone, no engine replica: the floor for any answer
-        while not stop.is_set():
-            t0 = time.monotonic()
-            try:
-                await http.get("/livez", timeout=10)
-                w.livez_latency.append(time.monotonic() - t0)
-            except Exception:
-                w.poll_errors += 1
-            await _sleep_or(stop, 0.25 - (time.monotonic() - t0))
+    async def livez() -> None:  # the proxy + ingress path alone, no engine replica: the floor for any answer
+        t0 = time.monotonic()
+        try:
+            await http.get("/livez", timeout=10)
+            w.livez_latency.append(time.monotonic() - t0)
+        except Exception:
+            w.poll_errors += 1
 
-    async def rss_loop():
-        while not stop.is_set():
-            sample = await asyncio.to_thread(tree.rss)
-            if tree.root_pid is not None:
-                if sample.total >= max(w.rss, default=0):
-                    w.rss_peak_roles = sample.by_role
-                w.rss.append(sample.total)
-            await _sleep_or(stop, 0.5)
+    async def rss() -> None:
+        sample = await asyncio.to_thread(tree.rss)
+        if tree.root_pid is not None:
+            if sample.total >= max(w.rss, default=0):
+                w.rss_peak_roles = sample.by_role
+            w.rss.append(sample.total)
 
     async def lag_loop():  # a 50 ms sleep that wakes late means every latency measured here is late by as much
         while not stop.is_set():
@@ -77,4 +65,4 @@ async def watch(http: httpx.AsyncClient, model: str, tree: ProcessTree, w: Watch
             await asyncio.sleep(0.05)
             w.loop_lag.append(max(0.0, time.monotonic() - t0 - 0.05))
 
-    await asyncio.gather(stats_loop(), livez_loop(), rss_loop(), lag_loop())
+    await asyncio.gather(every(0.25, stop, stats), every(0.25, stop, livez), every(0.5, stop, rss), lag_loop())

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from loadkit.waiting import NotReached, until, wait_until
+from loadkit.waiting import NotReached, every, until, wait_until
 
 
 def test_the_conditions_value_is_returned_once_it_holds():
@@ -38,3 +38,19 @@ def test_until_awaits_an_async_condition():
     assert asyncio.run(go()) == "done"
     with pytest.raises(NotReached):
         asyncio.run(until(lambda: False, timeout_s=0.05, interval_s=0.01))
+
+
+def test_every_repeats_its_action_at_a_pace_until_stopped():
+    async def go() -> list[float]:
+        stop, times = asyncio.Event(), []
+
+        async def act() -> None:
+            times.append(time.monotonic())
+            if len(times) == 3:
+                stop.set()
+
+        await asyncio.wait_for(every(0.02, stop, act), timeout=5)
+        return times
+
+    times = asyncio.run(go())
+    assert len(times) == 3 and all(b - a >= 0.015 for a, b in zip(times, times[1:], strict=False))

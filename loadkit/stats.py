@@ -22,11 +22,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def fmt_pcts(values: Sequence[float], scale: float = 1.0, unit: str = "", digits: int = 2) -> str:
-    """'p50 / p90 / p99<unit> (n=N)', each times `scale`; '-' for no values."""
+def fmt_pcts(values: Sequence[float], scale: float = 1.0, unit: str = "", digits: int = 2,
+             qs: Sequence[float] = (50, 90, 99)) -> str:
+    """'p50 / p90 / p99<unit> (n=N)' (or the percentiles `qs`), each times `scale`; '-' for no values."""
     if len(values) == 0:
         return "-"
-    return " / ".join(f"{percentile(values, q) * scale:.{digits}f}" for q in (50, 90, 99)) + f"{unit} (n={len(values)})"
+    return " / ".join(f"{percentile(values, q) * scale:.{digits}f}" for q in qs) + f"{unit} (n={len(values)})"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from loadkit.hostile.server_view import seconds_text
 from loadkit.machine import CpuFacts
 from loadkit.markdown import MarkedSection
 from loadkit.report import RunFacts, Target, target_table
-from loadkit.stats import percentile
+from loadkit.stats import fmt_pcts
 
 LAG_P99_S = 0.050
 RSS_FACTOR = 1.25
@@ -159,12 +159,6 @@ def vector_text(cpu: CpuFacts) -> str:
     return "AVX2 only" if "avx2" in cpu.flags else "no AVX2"
 
 
-def _ms_pair(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{percentile(values, 50) * 1000:.0f} / {percentile(values, 99) * 1000:.0f} ms (n={len(values)})"
-
-
 def setup_lines(facts: RunFacts, r: HostileResult) -> list[str]:
     m, p = facts.machine, r.plan
     cores = f"{m.cpu.physical_cores} physical core(s), " if m.cpu.physical_cores else ""
@@ -251,7 +245,7 @@ def request_lines(r: HostileResult) -> list[str]:
     for kind in (GIANT, TOKENIZE):
         answers = [a for a in r.attack.answers if a.kind == kind]
         done = [a.latency for a in answers if a.end]
-        out.append(f"| {kind} | {counts_text(counts(answers))} | {_ms_pair(done)} |")
+        out.append(f"| {kind} | {counts_text(counts(answers))} | {fmt_pcts(done, 1000, ' ms', 0, qs=(50, 99))} |")
     return [*out, ""]
 
 

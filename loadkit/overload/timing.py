@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from loadkit.overload.phases import Phase
 from loadkit.record import Record
 from loadkit.server_stats import Stats
-from loadkit.stats import percentile
+from loadkit.stats import fmt_pcts
 
 # The service predicts from the request's arrival at the replica; the client times from before it sends: between
 # them, tokenizing the prompt and this load generator's own event-loop lag (its row in the table; docs/overload.md
@@ -93,20 +93,13 @@ def last_pace(samples: list[Stats]) -> PaceSeen:
                     predicted_first_token_s=last("predicted_first_token_s"))
 
 
-def _pcts(values: list[float], scale: float, unit: str, digits: int) -> str:
-    if not values:
-        return "-"
-    return (f"{percentile(values, 50) * scale:.{digits}f} / {percentile(values, 99) * scale:.{digits}f}{unit} "
-            f"(n={len(values)})")
-
-
 def refusal_cell(values: list[float]) -> str:
     """'n; p50 / p99 ms' of one reason's client-side latencies."""
-    return "0" if not values else f"{len(values)}; {_pcts(values, 1000, ' ms', 1)}"
+    return "0" if not values else f"{len(values)}; {fmt_pcts(values, 1000, ' ms', 1, qs=(50, 99))}"
 
 
 def ttft_cell(values: list[float]) -> str:
-    return _pcts(values, 1, " s", 2)
+    return fmt_pcts(values, 1, " s", 2, qs=(50, 99))
 
 
 def share_cell(values: list[float], target_s: float | None) -> str:

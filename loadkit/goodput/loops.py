@@ -3,7 +3,8 @@ windows offered multiples of that rate on a seeded arrival schedule.
 
 Capacity: `concurrency` clients send the mix back to back, every request streamed; the rate is the output tokens
 streamed in the last two thirds of the loop (the first is the ramp) per second, over the mix's mean output length,
-tokens counted as they arrive in finished and running requests alike (docs/goodput.md says why). A window sends
+tokens counted as they arrive in finished and running requests alike (docs/goodput.md says why), through the same
+SDK client as the windows (`vllm bench serve` runs a count of prompts, ramp and drain included). A window sends
 each request at its scheduled time whatever the answers (a Poisson schedule at rate r is the seed's unit-rate one
 stretched by 1/r: every system sees the same bursts), waits up to `drain_s`, cuts off the rest (timed out), then
 settles.

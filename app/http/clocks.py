@@ -32,10 +32,11 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.errors import ClientTimeout, HeadersTooLarge, ServiceError
-from app.http.tcp_delivery import probe
+from app.http.tcp_delivery import probe, unread
 from app.http.wire_json import dumps
 
 _END_OF_HEADERS = b"\r\n\r\n"
+LATE_LOOP_GRACE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_headers = True
         self._header_bytes = 0
         self._refused = False
+        self._grace_given = False  # a phase's clock ran out with bytes unread, and waited a moment once
 
     @classmethod
     def protocol_class(cls, limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
@@ -167,6 +169,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _arm_phase(self, seconds: float) -> None:
         self._disarm_phase()
+        self._grace_given = False
         self._timer = self.loop.call_later(seconds, self._phase_timed_out)
 
     def _disarm_phase(self) -> None:
@@ -181,6 +184,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _phase_timed_out(self) -> None:
         self._timer = None
+        if not self._grace_given and unread(self.transport.get_extra_info("socket")):
+            # The bytes are here, unread: this process's loop was late (an event loop runs due timers before it
+            # reads its sockets), not the client. Once per phase, a moment to read them before judging.
+            self._grace_given = True
+            self._timer = self.loop.call_later(LATE_LOOP_GRACE_S, self._phase_timed_out)
+            return
         if self._in_headers:
             self._close_with(
                 ClientTimeout(f"The request's headers did not arrive within {self.limits.header_timeout_s:g} s")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _SIOCOUTQ = 0x5411  # = TIOCOUTQ: bytes in the send queue, sent but unacknowledged or not yet sent
+_FIONREAD = 0x541B  # bytes received and not yet read
 _BYTES_ACKED_OFFSET = 120  # struct tcp_info: __u64 tcpi_bytes_acked (Linux 4.1+)
 _TCP_INFO_LEN = _BYTES_ACKED_OFFSET + 8
 
@@ -45,3 +46,13 @@ def probe(sock: Any) -> Delivery | None:
     except (OSError, ValueError):  # closed under us, or not a TCP socket
         return None
     return Delivery(acked=acked, queued=queued)
+
+
+def unread(sock: Any) -> int:
+    """Bytes the peer sent that wait, unread, in the kernel's receive queue (0 where it cannot tell)."""
+    if sock is None or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), _FIONREAD, b"\0\0\0\0"))[0])
+    except (OSError, ValueError):
+        return 0

@@ -120,7 +120,7 @@ def two_replicas(deployed: Deployment) -> Deployment:
 
 def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_keys(cluster: LocalCluster,
                                                                                     tmp_path: Path):
-    config = base_config(free_port())
+    config = base_config(free_port(), short_clocks=False)
     config["service"]["api_keys"] = []  # none in the file: the shell has one, the nodes another
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))

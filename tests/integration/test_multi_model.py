@@ -30,7 +30,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def multi(tmp_path_factory):
-    config = with_second_model(base_config(free_port()))
+    config = with_second_model(base_config(free_port(), short_clocks=False))
     with running_stack(tmp_path_factory.mktemp("multi"), config, extra_args=("--serve-proxy",)) as svc:
         yield svc
 

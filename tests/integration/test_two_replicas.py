@@ -71,7 +71,7 @@ def _story(svc, last: int = 60) -> str:
 
 
 def test_a_stopped_engine_costs_no_request_and_its_streams_continue_on_the_other_replica(tmp_path):
-    config = base_config(free_port())
+    config = base_config(free_port(), short_clocks=False)
     config["models"][0]["deployment"].update(num_replicas=2, **LIMITS)
     with running_stack(tmp_path, config) as svc:
         # The ingress answers /health once one replica serves; the other may still be loading its engine. Each

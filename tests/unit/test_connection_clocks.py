@@ -94,6 +94,39 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeou
     writer.close()
 
 
+async def test_headers_that_arrived_while_the_loop_was_late_are_read_not_refused(listening, monkeypatch):
+    """The header clock runs out while the request's bytes wait unread in the kernel (the replica's event loop was
+    blocked, and a loop may run its due timers before it reads its sockets): the request is read and served, not
+    refused 408. Here the bytes land exactly when the clock runs out."""
+    from app.http import clocks
+
+    _, port = listening
+    sock = socket.create_connection(("127.0.0.1", port))
+    request = b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    real_unread = clocks.unread
+
+    def sent_as_the_clock_runs_out(server_socket) -> int:
+        if not request_sent:
+            sock.sendall(request)
+            request_sent.append(True)
+        return real_unread(server_socket)
+
+    request_sent: list[bool] = []
+    monkeypatch.setattr(clocks, "unread", sent_as_the_clock_runs_out)
+    await until(lambda: request_sent, timeout_s=10, what="the header clock run out")
+    raw = await asyncio.to_thread(_read_all, sock)
+    sock.close()
+    assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
 async def test_headers_dripped_a_byte_at_a_time_are_cut_off(listening):
     _, port = listening
     reader, writer = await _open(port)

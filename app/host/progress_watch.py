@@ -11,18 +11,11 @@ The bound, and why it never trips on a busy engine:
 - Nothing can keep every request from emitting for longer than it takes to prefill the prompts still waiting
   for their first output (`prefill_tokens`: those of the requests in flight the host has seen no output
   of): once any of them is prefilled it emits, and a decoding request emits every step. That sum, over the
-  measured prefill rate (`EnginePace`'s fit of first-token time against the prefill backlog), times
-  `margin` (2: the rate is fitted on the prompts seen so far, and attention makes a long prompt slower per
-  token than a short one), plus `floor_s`. A tighter model (one engine step's worth of prefill: vLLM
-  emits a token for every decoding request each step) was wrong on the real engine: 32 prompts of 1912
-  tokens (configs/cpu.yaml's context is 2048) went 16.3 s with no output at all, 14 steps' worth at the
-  1781 tokens/s measured then, and 19.9 s in a second run (scripts/engine_restart_probe.py; vLLM spreads
-  its steps over many prompts at once: the first of the 32 answered after 6.9 s). For 32 prompts at the full
-  context the bound is 30 s + 2 x 65,536 tokens over the rate: ~104 s at 1781 tokens/s.
-- `floor_s` (30 s) covers what is not prefill: a decode step at a full batch (~0.1-0.3 s here), the
-  recompute of a preempted request, the Python front end, a GC pause, a CPU starved by another process.
-  It is also what detection costs when nothing waits for prefill (the usual case: requests decoding): a
-  wedged engine is declared within `floor_s` + one tick of its last output (31.6 s measured for SIGSTOP).
+  measured prefill rate, times `margin` (the rate is fitted on the prompts seen so far, and attention makes a
+  long prompt slower per token than a short one), plus `floor_s`.
+- `floor_s` covers what is not prefill (a decode step at a full batch, a preempted request's recompute, a GC
+  pause, a starved CPU); it is also what detection costs when requests are decoding. Why one step's worth of
+  prefill is not enough, and the figures: docs/operations.md, "Wedged and dead engines".
 Progress is read two ways because either alone misleads: the host sees a request's output only when its
 consumer pulls it (a client that reads slowly would look like a stall), and the engine's counters move
 only when it emits. A client slower than the engine is not a stall either: with no unfinished request in

@@ -2,9 +2,7 @@
 
 The write-stall clock needs "has the client accepted any byte lately", and asyncio cannot say: its flow
 control pauses only once the kernel's send buffer (64 KiB asked, 128 KiB granted by Linux) and asyncio's
-own buffer (64 KiB) are full. A streamed chat produces some 240 bytes a token; measured here, 32 streams
-at once ran at about 2.2 tokens/s each, so a client that stopped reading after its first 8 KiB kept its
-slot for some 290 s before asyncio paused (docs/hostile.md). The kernel knows much earlier: TCP_INFO's
+own buffer (64 KiB) are full: minutes of a slow stream (docs/hostile.md). The kernel knows much earlier: TCP_INFO's
 `tcpi_bytes_acked` stops growing the moment the peer's receive window is closed, and SIOCOUTQ says the
 bytes still waiting for it.
 

@@ -2,10 +2,8 @@
 cannot serve.
 
 Serve's default router (power of two choices) sends a request to the less loaded of two random replicas.
-A replica whose engine has died refuses at once, so it always looks the least loaded: measured with two
-replicas and one engine killed, 1,010 of 1,031 requests got 503 in the next 99 s while the healthy replica
-served 27 (issue 12). Its health check fails too, but Serve acts on it only after `health_check_period_s`
-and then restarts the replica, which again refuses while its engine loads.
+A replica whose engine has died refuses at once, so it always looks the least loaded (docs/operations.md,
+"Wedged and dead engines"); its health check fails too, but Serve acts on it only after `health_check_period_s`.
 
 Each engine replica reports `{"serving": bool, "room": int}` through Serve's own routing-stats channel
 (`record_routing_stats`, polled by the controller every `ROUTING_STATS_PERIOD_S`); this router draws its

@@ -6,10 +6,8 @@ from __future__ import annotations
 import random
 
 from loadkit.workload import Ask
-from loadkit.workload import PromptMaker as PromptMaker  # re-exported: tests/integration/test_overload.py imports it
 
 SEED = 20240611
-Spec = Ask  # the name tests/integration/test_overload.py gives one request of this mix
 
 
 class Mix:

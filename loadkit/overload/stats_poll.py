@@ -11,8 +11,6 @@ import httpx
 
 from loadkit.proctree import ProcessTree
 from loadkit.server_stats import Stats
-from loadkit.server_stats import get_stats as get_stats  # re-exported: tests/integration/test_overload.py
-from loadkit.server_stats import wait_idle as wait_idle  # imports both from here
 from loadkit.waiting import every
 
 

@@ -42,11 +42,12 @@ def _table_rows(markdown: str) -> list[dict[str, str]]:
 
 def test_bench_quick_naive(tmp_path: Path):
     proc = subprocess.run(
-        [sys.executable, "scripts/bench.py", "--quick", "--systems", "naive", "--repeats", "2", "--dtype", "float32",
+        [sys.executable, "-m", "loadkit", "bench", "--quick", "--systems", "naive", "--repeats", "2",
+         "--dtype", "float32",
          "--out-dir", str(tmp_path), "--work-dir", str(tmp_path / "raw"), "--startup-timeout", "300"],
         cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
     )
-    assert proc.returncode == 0, f"bench.py failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"python -m loadkit bench failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
 
     report = (tmp_path / "benchmarks.md").read_text()
     rows = [r for r in _table_rows(report) if r["System"] == "naive baseline"]

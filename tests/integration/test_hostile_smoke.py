@@ -40,7 +40,8 @@ def test_the_hostile_driver_with_tiny_counts_passes_its_targets_and_leaves_the_s
     flags = [*(f"--{k.replace('_', '-')}={v:g}" for k, v in CLOCKS.items()), *(f"--{k}={v}" for k, v in TINY.items())]
     report_path = tmp_path / "hostile.md"
     proc = subprocess.run(
-        [sys.executable, "scripts/hostile.py", "--url", svc.base_url, "--api-key", API_KEY, "--model", MODEL, *flags,
+        [sys.executable, "-m", "loadkit", "hostile", "--url", svc.base_url, "--api-key", API_KEY, "--model", MODEL,
+         *flags,
          "--output", str(report_path), "--work-dir", str(tmp_path / "work")],
         cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert report_path.exists(), f"no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"

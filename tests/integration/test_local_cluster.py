@@ -122,6 +122,9 @@ def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_ke
                                                                                     tmp_path: Path):
     config = base_config(free_port(), short_clocks=False)
     config["service"]["api_keys"] = []  # none in the file: the shell has one, the nodes another
+    # Where the keys come from is the deployment's business, not the engine's: the fake engine shows it as well,
+    # in seconds instead of a model load on a shared core (the manifest's tests below run the real engine).
+    config["models"][0]["engine_kind"] = "fake"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),

@@ -10,9 +10,9 @@ import openai
 import pytest
 
 from loadkit.overload.client import one_request
-from loadkit.overload.mix import PromptMaker, Spec
-from loadkit.overload.stats_poll import get_stats, wait_idle
 from loadkit.proctree import ProcessTree
+from loadkit.server_stats import get_stats, wait_idle
+from loadkit.workload import Ask, PromptMaker
 from tests.support.service import MAX_ONGOING, MAX_QUEUED, MODEL
 from tests.support.waiting import wait_until
 
@@ -79,8 +79,8 @@ async def test_the_overload_drivers_client_and_process_tree_read_the_real_servic
         while (await get_stats(client, MODEL)).in_system < capacity:
             assert time.monotonic() < deadline, "the service never held the full capacity"
             await asyncio.sleep(0.2)
-        refused = await one_request(client, MODEL, prompts, Spec(0, 60, 8, False, False, 0, 0), hung_after_s=60)
-        streamed = await one_request(client, MODEL, prompts, Spec(1, 60, 8, True, False, 0, 0), hung_after_s=60)
+        refused = await one_request(client, MODEL, prompts, Ask(0, 60, 8, False, False, 0, 0), hung_after_s=60)
+        streamed = await one_request(client, MODEL, prompts, Ask(1, 60, 8, True, False, 0, 0), hung_after_s=60)
         release.set()
         await asyncio.gather(*holders)
         idle = await wait_idle(client, MODEL, timeout_s=30)

@@ -30,7 +30,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.cli.reaper import kill_descendants  # noqa: E402
-from app.config import load_config  # noqa: E402
+from app.config.app_config import load_config  # noqa: E402
 from app.engine.interface import Admitted, GenerateRequest, GenerationParams, PromptInput  # noqa: E402
 from app.errors import ServiceError  # noqa: E402
 from app.host.engine_host import EngineHost  # noqa: E402
@@ -126,7 +126,7 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
     async def sample_bound() -> None:
         while True:
             await asyncio.sleep(0.5)
-            bounds.append(host.watch.bound_s(host._prefill_tokens_per_s()))
+            bounds.append(host.supervisor.watch.bound_s(host._prefill_tokens_per_s()))
 
     sampler = asyncio.create_task(sample_bound())
     started = time.monotonic()
@@ -142,13 +142,13 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
         "longest_quiet_s": round(longest_quiet[0], 2),
         "first_output_s": [round(min(firsts), 1), round(max(firsts), 1)] if firsts else None,
         "smallest_bound_s": round(min(bounds), 1) if bounds else None,
-        "wedged": host.wedged_total,
+        "wedged": host.supervisor.wedged_total,
         "prefill_tokens_per_s": stats.pace.prefill_tokens_per_s,
     }
 
 
 async def fault(host: EngineHost, sig: signal.Signals) -> dict[str, object]:
-    restarts, wedged = host.restarts_total, host.wedged_total
+    restarts, wedged = host.supervisor.restarts_total, host.supervisor.wedged_total
     started = asyncio.Event()
     stream = asyncio.create_task(stream_until_error(host, started))
     await asyncio.wait_for(started.wait(), 120)
@@ -158,10 +158,10 @@ async def fault(host: EngineHost, sig: signal.Signals) -> dict[str, object]:
     for p in cores:
         os.kill(p.pid, sig)
     detected = None
-    while host.restarts_total == restarts:
+    while host.supervisor.restarts_total == restarts:
         if host._restart_failed or time.monotonic() - sent > 600:
             raise RuntimeError(f"no restart: {host._restart_failed or 'not done in 600 s'}")
-        if detected is None and host.wedged_total > wedged:
+        if detected is None and host.supervisor.wedged_total > wedged:
             detected = time.monotonic() - sent
         await asyncio.sleep(0.05)
     restarted = time.monotonic() - sent

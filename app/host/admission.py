@@ -28,25 +28,12 @@ from dataclasses import dataclass
 
 from app.errors import OverTimeTarget, QueueFull, QueueTimeout, ServiceUnavailable
 from app.host.pace import EnginePace, Prediction, Work
+from app.host.stats import AdmissionStats
 
 _RESERVED, _WAITING, _RUNNING, _RELEASED = "reserved", "waiting", "running", "released"
 # How often the queue is checked again against the pace (on a first token, while requests wait): each check
 # simulates the whole queue once (~1 ms for 64 queued behind 32 running).
 SWEEP_EVERY_S = 1.0
-
-
-@dataclass(frozen=True)
-class AdmissionStats:
-    running: int
-    waiting: int
-    in_system: int
-    tokens_in_use: int
-    token_budget: int
-    peak_waiting: int
-    refused_queue_full: int
-    refused_queue_timeout: int
-    refused_over_time_target: int
-    predicted_first_token_s: float | None  # the latest arrival's prediction (None: not yet measured)
 
 
 @dataclass(frozen=True)
@@ -104,8 +91,7 @@ class Ticket:
     def release(self, completed: bool = False) -> None:
         """Gives the slot back. `completed`: it ran to its end, so its length teaches the pace how much of
         `max_tokens` requests generate; a request cut short (hang-up, timeout, error) would teach it too
-        little, and queued starts would then be predicted early (the overload run of 14:14: 25 % early
-        with 15 % of clients hanging up)."""
+        little, and queued starts would then be predicted early (docs/overload.md)."""
         self._admission._release(self, completed)
 
 
@@ -204,9 +190,7 @@ class Admission:
         if not self._running_tickets and not self._waiting:
             # An idle engine is the best case there is: nothing to wait behind. Refusing here would only be the
             # model's error, and a model that refuses everything learns nothing more (it learns from admitted
-            # requests): measured on the chaos driver's rolling update, a replica whose first samples came
-            # from its cold start and from long continued prompts predicted 10.0 s for every arrival, idle or
-            # not, and refused 3,203 requests in a row over 3 minutes.
+            # requests; docs/sizing.md, "Admission by time").
             return
         late = self._over_time(prediction, targets, waited_s=0.0)
         if late is not None:
@@ -256,12 +240,9 @@ class Admission:
         far counts against their targets.
 
         Not `judged` (the pace has just been measured; they were queued by count alone): any target, or the queue
-        timeout. A fresh replica's first burst (`make serve`, 240 requests at once) otherwise had 4 wait 30 s for a
-        503 and first tokens p99 27.6 s; with this, 32 served, first tokens p99 5.3 s, the rest refused.
-        `judged` (each was predicted in time at its arrival; checked again at most once a second): only the queue
-        timeout, so none waits it out only to be refused. The targets are not judged again: the first tokens of a
-        burst bring decode samples slowed by its prefill, and with them a re-check refused all 64 queued requests
-        of a warm replica's burst, 22 of which the arrival's prediction had admitted and which then met it."""
+        timeout. `judged` (each was predicted in time at its arrival; checked again at most once a second): only
+        the queue timeout, so none waits it out only to be refused; the targets are not judged again, since the
+        first tokens of a burst bring decode samples slowed by its prefill (docs/sizing.md has the runs)."""
         self._swept_at = now
         assert self.pace is not None
         queue = list(self._waiting)

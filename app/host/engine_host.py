@@ -19,7 +19,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config import ModelConfig, ServiceConfig, tightest
+from app.config.common import tightest
+from app.config.model import ModelConfig
+from app.config.service import ServiceConfig
 from app.engine.interface import (
     Admitted,
     Embeddings,
@@ -32,7 +34,7 @@ from app.engine.interface import (
 from app.errors import InvalidRequest, ServiceError, queue_full_class, wrong_runner
 from app.host.admission import Admission, Targets, Ticket
 from app.host.pace import EnginePace, PaceStats
-from app.host.progress_watch import ProgressWatch, Stall
+from app.host.progress_watch import ProgressWatch
 from app.host.prompt_tokenizer import PromptTokenizer
 from app.host.runner import EngineRunner
 from app.host.stats import ReplicaStats
@@ -98,26 +100,10 @@ class EngineHost:
             if self.supervisor.failure:
                 raise RuntimeError(self.supervisor.failure)
 
-    # The engine's life, as the replica and its stats read it.
+    # The engine serving now (the supervisor's: a restart replaces it).
     @property
     def engine(self) -> Engine:
         return self.supervisor.engine
-
-    @property
-    def watch(self) -> ProgressWatch:
-        return self.supervisor.watch
-
-    @property
-    def wedged_total(self) -> int:
-        return self.supervisor.wedged_total
-
-    @property
-    def restarts_total(self) -> int:
-        return self.supervisor.restarts_total
-
-    @property
-    def last_stall(self) -> Stall | None:
-        return self.supervisor.last_stall
 
     def _adopt(self, engine: Engine) -> int:
         """A newly started engine serves this host's prompts; its KV cache is the token budget unless one is set."""

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from app.config import ModelConfig
+from app.config.model import ModelConfig
 from app.engine.interface import Engine, GenerateRequest, GenerationParams, PromptInput
 from app.errors import ContextLengthExceeded, InvalidRequest, QueueFull
 

@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from app.config import ModelConfig
+from app.config.model import ModelConfig
 from app.engine.interface import Engine, EngineDead, EngineFailed
 from app.engine.processes import EngineProcesses, start_engine, stop_engine
 from app.errors import ServiceUnavailable

@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.config import tightest
+from app.config.common import tightest
 from app.errors import InvalidRequest
 
 TTFT_HEADER = "x-ttft-target-s"

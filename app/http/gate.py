@@ -20,7 +20,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api_keys import ApiKeys
-from app.config import AppConfig
+from app.config.app_config import AppConfig
 from app.errors import (
     HeadersTooLarge,
     PayloadTooLarge,

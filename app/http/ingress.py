@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api_keys import ApiKeys
-from app.config import AppConfig
+from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
 from app.http import model_routes, ops_routes, routes
 from app.http.gate import OPEN_PATHS, Capacity, Gate, Lifecycle

@@ -11,7 +11,8 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.config import AppConfig, ModelConfig
+from app.config.app_config import AppConfig
+from app.config.model import ModelConfig
 from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest, PromptInput
 from app.errors import ModelNotFound
 from app.http.gate import Capacity, Lifecycle

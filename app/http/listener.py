@@ -17,7 +17,7 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.http.clocks import ConnectionLimits, GuardedHttpToolsProtocol
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from app.config import ModelConfig
+from app.config.model import ModelConfig
 from app.engine.interface import PromptInput
 from app.errors import InvalidRequest
 from app.http.ingress_state import state_of

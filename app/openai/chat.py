@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
 from app.errors import InvalidRequest
 from app.openai.chat_messages import (

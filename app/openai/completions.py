@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
 from app.errors import InvalidRequest
 from app.openai.sampling import (

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import Embeddings, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.sampling_bounds import (

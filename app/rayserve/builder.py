@@ -14,7 +14,9 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
-from app.config import AppConfig, ConfigError, ModelConfig, load_config, parse_config
+from app.config.app_config import AppConfig, load_config, parse_config
+from app.config.common import ConfigError
+from app.config.model import ModelConfig
 from app.rayserve.replicas import EngineReplica, Ingress, ModelServer
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, ServingReplicaRouter
 

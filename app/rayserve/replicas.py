@@ -23,7 +23,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app.api_keys import API_KEYS_ENV, ApiKeys
-from app.config import LOOPBACK_HOSTS, AppConfig, ConfigError, ModelConfig, ServiceConfig
+from app.config.app_config import AppConfig
+from app.config.common import LOOPBACK_HOSTS, ConfigError
+from app.config.model import ModelConfig
+from app.config.service import ServiceConfig
 from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, PromptInput
 from app.errors import ServiceError
 from app.host.engine_host import EngineHost

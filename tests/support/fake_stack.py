@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from app.config import AppConfig, parse_config
+from app.config.app_config import AppConfig, parse_config
 from app.engine.fake import FakeEngine
 from app.engine.interface import GenerateRequest, GenerationParams, PromptInput
 from app.host.engine_host import EngineHost

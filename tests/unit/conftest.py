@@ -7,7 +7,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from app.config import AppConfig, ModelConfig, ServiceConfig
+from app.config.app_config import AppConfig
+from app.config.model import ModelConfig
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.host.engine_host import EngineHost
 from tests.support.fake_stack import MAX_MODEL_LEN, Stack, make_config

@@ -27,8 +27,8 @@ LINES_MAX = 300
 # Modules still over LINES_MAX, each at most its size when the packages were drawn: they may only shrink, and
 # leave this list when they fit.
 STILL_OVER = {
-    "app.config": 332, "app.engine.interface": 305, "app.rayserve.handle_backend": 304, "app.host.supervisor": 320,
-    "app.host.admission": 346, "app.host.engine_host": 309,
+    "app.engine.interface": 305, "app.rayserve.handle_backend": 304, "app.host.supervisor": 320,
+    "app.host.admission": 327,
 }
 
 
@@ -54,11 +54,11 @@ def _imports(path: Path) -> set[str]:
 
 
 def _room(module: str) -> str:
-    """The package a module of app belongs to ('base' for the modules at the top)."""
+    """The package a module of app belongs to ('base' for the base's modules and the config package)."""
     parts = module.split(".")
-    if len(parts) == 2 and parts[1] in BASE | {"__main__"}:
-        return "base" if parts[1] in BASE else "main"
-    return parts[1] if len(parts) > 1 else "main"
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "main"
+    return "base" if parts[1] in BASE else parts[1]
 
 
 def _allowed(importer: str, imported: str) -> bool:
@@ -71,12 +71,13 @@ def _allowed(importer: str, imported: str) -> bool:
 
 def test_the_packages_are_there_and_say_what_they_own():
     packages = {m for m, p in MODULES.items() if p.name == "__init__.py" and m != "app"}
-    assert packages >= {"app.engine", "app.engine.vllm", "app.engine.cpu", "app.host", "app.openai", "app.http",
-                        "app.rayserve", "app.cli"}
+    assert packages >= {"app.config", "app.engine", "app.engine.vllm", "app.engine.cpu", "app.host", "app.openai",
+                        "app.http", "app.rayserve", "app.cli"}
     for name in packages:
         assert ast.get_docstring(ast.parse(MODULES[name].read_text())), f"{name} does not say what it owns"
-    top = {m for m in MODULES if m.count(".") == 1 and MODULES[m].name != "__init__.py"}
-    assert top == {f"app.{b}" for b in BASE} | {"app.__main__"}, "only the base stays at the top of app/"
+    top = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    assert top <= BASE | {"engine", "host", "openai", "http", "rayserve", "cli", "__main__"}, \
+        f"only the base stays at the top of app/ beside the packages: {sorted(top)}"
 
 
 def test_no_module_imports_upward():

@@ -6,8 +6,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from app.api_keys import digest_of
-from app.config import API_KEYS_ENV, AppConfig, ConfigError, load_config, parse_config
+from app.api_keys import API_KEYS_ENV, digest_of
+from app.config.app_config import AppConfig, load_config, parse_config
+from app.config.common import ConfigError
 from tests.support.fake_stack import REPO_ROOT, config_dict
 
 

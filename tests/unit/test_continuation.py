@@ -158,7 +158,7 @@ async def test_the_replica_counts_a_continuation_s_resumed_tokens_against_the_co
     tokens already generated has an 11-token prompt, and is served; the same 11 tokens as a new prompt are not."""
     from dataclasses import replace
 
-    from app.config import ServiceConfig
+    from app.config.service import ServiceConfig
     from app.engine.fake import FakeEngine
     from app.engine.interface import PromptInput
     from app.errors import ContextLengthExceeded

@@ -5,8 +5,7 @@ import re
 from pathlib import Path
 
 from app.engine.interface import EngineStats
-from app.host.admission import AdmissionStats
-from app.host.stats import ReplicaStats
+from app.host.stats import AdmissionStats, ReplicaStats
 from app.http.metrics import Metrics, _Snapshot
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"

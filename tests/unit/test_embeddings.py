@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from app.config import ConfigError, parse_config
+from app.config.app_config import parse_config
+from app.config.common import ConfigError
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import EMBEDDING_SIZE
 from app.engine.interface import Embeddings, EmbedRequest, PromptInput

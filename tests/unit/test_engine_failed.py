@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 import pytest
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import Admitted, EngineFailed, GenerationDelta
 from app.errors import ServiceUnavailable

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.errors import ServiceUnavailable
 from app.host.engine_host import EngineHost
@@ -57,7 +57,7 @@ async def test_a_dead_engine_restarts_with_a_factory_and_is_broken_without():
     host.engine.kill()
     await host.check_health()  # finds it dead: a restart begins, and the health check passes meanwhile
     assert host.supervisor.state in (EngineState.RESTARTING, EngineState.SERVING)
-    await until(lambda: host.supervisor.state is EngineState.SERVING and host.restarts_total == 1, what="restarted")
+    await until(lambda: host.supervisor.state is EngineState.SERVING and host.supervisor.restarts_total == 1, what="restarted")
     assert host.engine is built[0]
 
     alone = _host(FakeEngine())
@@ -76,4 +76,4 @@ async def test_a_draining_replica_takes_no_new_work_and_is_not_restarted():
     host.engine.kill()
     with pytest.raises(RuntimeError, match="engine unusable"):
         await host.check_health()
-    assert host.supervisor.state is EngineState.BROKEN and host.restarts_total == 0
+    assert host.supervisor.state is EngineState.BROKEN and host.supervisor.restarts_total == 0

@@ -31,7 +31,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import content_type_conformance
 
-from app.config import parse_config
+from app.config.app_config import parse_config
 from app.engine.fake import FakeEngine
 from app.host.engine_host import EngineHost
 from app.http.ingress import create_app

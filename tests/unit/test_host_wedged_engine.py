@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
 from app.engine.processes import EngineProcesses
@@ -197,7 +197,7 @@ async def test_32_prompts_at_full_context_are_never_declared_wedged(step_tokens)
     results = await asyncio.gather(*(_run(host, FULL_CONTEXT - 8) for _ in range(32)))
 
     assert [tokens for _, tokens in results] == [8] * 32
-    assert host.wedged_total == 0
+    assert host.supervisor.wedged_total == 0
     await host.check_health()
     assert host.routing_stats()["serving"] is True
     if step_tokens > STEP_TOKENS:  # not a trivial pass: the engine was silent for many floors
@@ -208,7 +208,7 @@ async def test_a_slow_engine_that_progresses_is_never_flagged():
     engine = SteppedEngine(decode_step_s=0.6 * FLOOR_S)  # a token every 0.3 s: slow, but progress
     host = _host(engine)
     _, tokens = await _run(host, 100, max_tokens=12)  # ~3.6 s: several bounds' worth
-    assert tokens == 12 and host.wedged_total == 0
+    assert tokens == 12 and host.supervisor.wedged_total == 0
     await host.check_health()
 
 
@@ -220,9 +220,9 @@ async def test_a_client_slower_than_the_engine_is_not_a_stall():
     assert isinstance(await anext(stream), Admitted)
     await until(lambda: engine.stats().running == 0, what="the engine done with the request")
     done_at = time.monotonic()
-    await until(lambda: time.monotonic() - done_at > 3 * host.watch.bound_s(None), timeout_s=30,
+    await until(lambda: time.monotonic() - done_at > 3 * host.supervisor.watch.bound_s(None), timeout_s=30,
                 what="three bounds passed with the reader not reading")
-    assert host.wedged_total == 0 and host.routing_stats()["serving"] is True
+    assert host.supervisor.wedged_total == 0 and host.routing_stats()["serving"] is True
     assert len([d async for d in stream]) == 4  # all there
 
 
@@ -245,13 +245,13 @@ async def test_a_stopped_engine_is_declared_wedged_within_the_bound_and_not_befo
             outcomes.append(err)
 
     readers = [asyncio.create_task(drain(s)) for s in streams]
-    await until(lambda: host.wedged_total == 1, timeout_s=10, what="the engine declared wedged")
+    await until(lambda: host.supervisor.wedged_total == 1, timeout_s=10, what="the engine declared wedged")
     quiet = time.monotonic() - engine.last_emit
-    stall = host.last_stall
+    stall = host.supervisor.last_stall
     assert stall is not None and stall.prefill_tokens == 0  # all four were decoding: the floor is the bound
     assert stall.bound_s == pytest.approx(FLOOR_S)
     assert quiet > stall.bound_s  # not before
-    assert quiet < stall.bound_s + 2 * host.watch.tick_s() + 0.5  # within the bound and a tick (+ a busy loop)
+    assert quiet < stall.bound_s + 2 * host.supervisor.watch.tick_s() + 0.5  # the bound and a tick (+ a busy loop)
 
     await asyncio.gather(*readers)
     assert len(outcomes) == 4 and all(isinstance(e, ServiceUnavailable) for e in outcomes)
@@ -278,14 +278,14 @@ async def test_an_engine_stopped_while_prefilling_is_given_the_prefill_and_then_
     await engine.wait_running(4)
     stopped_at = time.monotonic()
     engine.stop()  # the step prefilling them never ends
-    await until(lambda: host.wedged_total == 1, timeout_s=20, what="the engine declared wedged")
+    await until(lambda: host.supervisor.wedged_total == 1, timeout_s=20, what="the engine declared wedged")
     quiet = time.monotonic() - stopped_at
-    stall = host.last_stall
+    stall = host.supervisor.last_stall
     assert stall is not None and stall.prefill_tokens == 4000
     assert stall.prefill_tokens_per_s <= 1.2 * rate
     assert stall.bound_s == pytest.approx(FLOOR_S + MARGIN * 4000 / stall.prefill_tokens_per_s)
     assert quiet > stall.bound_s  # not before: the prefill was given its time (and the margin)
-    assert quiet < stall.bound_s + 2 * host.watch.tick_s() + 0.5
+    assert quiet < stall.bound_s + 2 * host.supervisor.watch.tick_s() + 0.5
     for first in firsts:
         with pytest.raises(ServiceUnavailable) as ended:
             await first
@@ -349,7 +349,7 @@ async def test_dead_engine_is_restarted_in_place_and_serves_again():
     assert (await host.stats()).restarting is True
 
     gate.set()
-    await until(lambda: host.restarts_total == 1, what="the restart done")
+    await until(lambda: host.supervisor.restarts_total == 1, what="the restart done")
     assert host.engine is factory.built[0] and host.routing_stats()["serving"] is True
     await host.check_health()
     _, tokens = await _run(host, 100, max_tokens=5)
@@ -369,8 +369,8 @@ async def test_wedged_engine_is_restarted_in_place():
     with pytest.raises(ServiceUnavailable, match="stopped serving"):
         async for _ in stream:
             pass
-    await until(lambda: host.restarts_total == 1, what="the wedged engine restarted")
-    assert host.wedged_total == 1 and first.shut_down and host.engine is factory.built[0]
+    await until(lambda: host.supervisor.restarts_total == 1, what="the wedged engine restarted")
+    assert host.supervisor.wedged_total == 1 and first.shut_down and host.engine is factory.built[0]
     _, tokens = await _run(host, 100, max_tokens=5)
     assert tokens == 5
 
@@ -427,11 +427,11 @@ async def test_a_crash_loop_is_left_to_serve():
         with pytest.raises(ServiceUnavailable):
             async for _ in host.generate(make_request("hello")):
                 pass
-        await until(lambda n=restarts: host.restarts_total == n + 1, what=f"restart {restarts + 1}")
+        await until(lambda n=restarts: host.supervisor.restarts_total == n + 1, what=f"restart {restarts + 1}")
     host.engine.kill()  # the RESTART_LIMIT-th break within the window: no restart here
     with pytest.raises(RuntimeError, match="died"):
         await host.check_health()
-    assert host.restarts_total == RESTART_LIMIT - 1 and len(factory.built) == RESTART_LIMIT - 1
+    assert host.supervisor.restarts_total == RESTART_LIMIT - 1 and len(factory.built) == RESTART_LIMIT - 1
 
 
 async def test_without_a_factory_a_dead_engine_is_left_to_serve():
@@ -440,7 +440,7 @@ async def test_without_a_factory_a_dead_engine_is_left_to_serve():
     engine.kill()
     with pytest.raises(RuntimeError, match="dead"):
         await host.check_health()
-    assert (await host.stats()).restarting is False and host.restarts_total == 0
+    assert (await host.stats()).restarting is False and host.supervisor.restarts_total == 0
 
 
 def test_engine_processes_sigkills_a_stopped_process():
@@ -487,7 +487,7 @@ async def test_over_http_a_wedged_stream_ends_with_an_error_event_and_the_restar
         assert (await client.get("/health")).status_code == 503
 
         gate.set()
-        await until(lambda: host.restarts_total == 1, what="the restart done")
+        await until(lambda: host.supervisor.restarts_total == 1, what="the restart done")
         assert (await client.get("/health")).status_code == 200
         served = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
         assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
@@ -517,7 +517,7 @@ async def test_every_process_an_engine_started_is_killed_by_the_restart_and_by_s
         with pytest.raises(ServiceUnavailable):
             async for _ in stream:
                 pass
-        await until(lambda: host.restarts_total == 1, what="the restart done")
+        await until(lambda: host.supervisor.restarts_total == 1, what="the restart done")
         assert first.child.wait(timeout=5) == -9  # SIGKILLed, though stopped
         second = factory.built[0]
         assert isinstance(second, ProcessEngine)

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from app.api_keys import ApiKeys, digest_of
-from app.config import ConfigError, parse_config
+from app.config.app_config import parse_config
+from app.config.common import ConfigError
 from app.engine.fake import FakeEngine
 from app.engine.interface import PromptInput
 from app.errors import ContextLengthExceeded, QueueFull

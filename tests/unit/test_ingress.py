@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from app.config import API_KEYS_ENV
+from app.api_keys import API_KEYS_ENV
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
 from tests.support import sse

@@ -44,7 +44,8 @@ from ray.serve._private.config import DeploymentConfig
 from ray.serve.schema import ServeDeploySchema
 
 from app.cli.local_cluster import INGRESS_RESOURCE
-from app.config import AppConfig, ConfigError, load_config
+from app.config.app_config import AppConfig, load_config
+from app.config.common import ConfigError
 from app.rayserve.builder import (
     INGRESS_NAME,
     build_from_config,

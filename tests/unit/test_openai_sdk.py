@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from app.config import API_KEYS_ENV
+from app.api_keys import API_KEYS_ENV
 from app.engine.fake_model import ANSWER
 from tests.support.fake_stack import MODEL_ID, make_config
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.chat import ChatCompletionRequest

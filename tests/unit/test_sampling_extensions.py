@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.fake_model import VOCAB_SIZE
 from app.engine.interface import Admitted, ChoiceDelta, EngineRejected, GenerationDelta, GenerationParams
 from app.engine.vllm import engine as vllm_engine

@@ -18,7 +18,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmCompletion
 from vllm.exceptions import VLLMValidationError
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.vllm.to_vllm import sampling_params
 from app.errors import InvalidRequest
 from app.openai.chat import ChatCompletionRequest

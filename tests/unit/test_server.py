@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from app.config import ServiceConfig
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
 from app.engine.interface import Admitted, GenerationDelta, PromptInput

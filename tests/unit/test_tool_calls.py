@@ -14,7 +14,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
 from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-from app.config import LimitsConfig
+from app.config.model import LimitsConfig
 from app.engine.interface import ChoiceDelta, GenerationDelta, GenerationParams, ToolCallDelta
 from app.engine.vllm import from_vllm, refusals
 from app.errors import InvalidRequest

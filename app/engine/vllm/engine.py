@@ -22,7 +22,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from app.config import ModelConfig
+from app.config.model import ModelConfig
 from app.engine.cpu.affinity import keep_off_engine_cores
 from app.engine.cpu.claims import CoreClaim, plan_own_cores
 from app.engine.cpu.core_plan import CorePlan, describe

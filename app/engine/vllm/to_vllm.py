@@ -9,7 +9,7 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-from app.config import ModelConfig
+from app.config.model import ModelConfig
 from app.engine.cpu.precision import Dtype
 from app.engine.interface import (
     GenerationParams,

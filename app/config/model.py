@@ -1,34 +1,16 @@
-"""The service's configuration: pydantic models for the YAML file.
-
-Every model forbids unknown keys, so a typo is an error at load time that names
-the key, never a setting silently ignored. `load_config` turns pydantic's
-errors into one message an operator can act on.
-"""
+"""One served model's configuration: its engine's arguments, its deployment (replicas, admission and time
+targets), and the limits every request to it is held to."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, is_digest
-from app.api_keys import resolve as resolve_keys
-
-DEFAULT_MODEL_SOURCE = "default"
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+from app.config.common import DEFAULT_MODEL_SOURCE, StrictModel
 
 
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says what to change."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EngineConfig(_Strict):
+class EngineConfig(StrictModel):
     """Arguments for the vLLM engine of one model replica."""
 
     max_model_len: int = Field(2048, ge=16, description="Context window in tokens (prompt + completion).")
@@ -71,7 +53,7 @@ class EngineConfig(_Strict):
     )
 
 
-class DeploymentConfig(_Strict):
+class DeploymentConfig(StrictModel):
     """How Ray Serve places and bounds the replicas of one model."""
 
     num_replicas: int = Field(1, ge=1, description="Engine replicas (each owns its own accelerator).")
@@ -113,7 +95,7 @@ class DeploymentConfig(_Strict):
     health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(StrictModel):
     """The per-request contract; everything beyond it is a 400 naming the parameter."""
 
     max_prompt_tokens: int | None = Field(
@@ -143,7 +125,7 @@ class LimitsConfig(_Strict):
         return self
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """One served model: what clients call it, where it comes from, how it runs."""
 
     id: str = Field(
@@ -191,142 +173,3 @@ class ModelConfig(_Strict):
     @property
     def on_gpu(self) -> bool:
         return self.deployment.num_gpus > 0
-
-
-class ServiceConfig(_Strict):
-    """The HTTP front door and what it shares across models."""
-
-    host: str = Field("127.0.0.1", description="Address the HTTP server binds. 0.0.0.0 exposes it to the network.")
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
-    api_keys: tuple[str, ...] = Field(
-        (),
-        description=f"Accepted bearer keys, each plain or as `sha256:<64 hex digits>` (the file then holds no "
-        f"secret); more can come from ${API_KEYS_ENV} (comma-separated) where the app is built. Empty: no auth.",
-    )
-    without_api_keys: Literal["refuse", "warn"] = Field(
-        "refuse",
-        description="With no API key, and the service reachable beyond loopback (service.host, or a Ray node with "
-        "a network address): 'refuse' to start, or 'warn' loudly and serve everyone.",
-    )
-    refusal_status: Literal[429, 503] = Field(429, description="Status for 'queue full' refusals.")
-    request_timeout_s: float = Field(
-        600.0, gt=0, description="A request running longer than this is ended (504, or an error event in a stream)."
-    )
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest request body; larger is a 413.")
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        description="Time a request's headers may take to arrive, from its first byte (or from "
-        "connect); slower is a 408 and the connection is closed. On the replica's own listener.",
-    )
-    body_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="Time a request's body may take to arrive after its headers; slower closes the "
-        "connection. On the replica's own listener.",
-    )
-    keep_alive_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="An idle keep-alive connection is closed after this long (the replica's own "
-        "listener and Serve's proxy).",
-    )
-    write_stall_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        description="A client that accepts no bytes of its response for this long is cut off: its "
-        "engine request is aborted and its slot and tokens freed. On the replica's own listener.",
-    )
-    max_connections: int = Field(
-        1000,
-        ge=1,
-        description="Open connections per listening replica; beyond it a new connection is reset at "
-        "once, before any parsing or buffering.",
-    )
-    max_header_bytes: int = Field(
-        16_384,
-        ge=1024,
-        description="Largest total size of the request's headers; larger is a 431, refused as "
-        "the bytes arrive (before the block is buffered whole) on the replica's own listener.",
-    )
-    drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Log level of the service's own loggers."
-    )
-    colocate_ingress: bool = Field(
-        True,
-        description="With a single model on a single replica, serve HTTP from the engine replica itself: no Ray hop "
-        "per token between ingress and engine. With several replicas or models (or false) a separate ingress "
-        "deployment holds the connections, routes by `model`, and retries a request nothing was sent for yet on "
-        "another replica when one is full, dead or starting.",
-    )
-
-    @field_validator("api_keys")
-    @classmethod
-    def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
-        for key in keys:
-            if key.startswith(DIGEST_PREFIX) and not is_digest(key):
-                raise ValueError(
-                    f"'{key[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
-                    "digits (python -c \"import hashlib;print(hashlib.sha256(b'KEY').hexdigest())\")"
-                )
-        return keys
-
-
-class AppConfig(_Strict):
-    """The whole file: service options and one or more models."""
-
-    service: ServiceConfig = ServiceConfig()
-    models: tuple[ModelConfig, ...] = Field(..., min_length=1, description="Served models; the first is listed first.")
-
-    @model_validator(mode="after")
-    def _unique_ids(self) -> AppConfig:
-        ids = [m.id for m in self.models]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ValueError(f"model ids must be unique; repeated: {', '.join(dupes)}")
-        return self
-
-    def model(self, model_id: str) -> ModelConfig | None:
-        return next((m for m in self.models if m.id == model_id), None)
-
-    def with_resolved_keys(self) -> AppConfig:
-        """This config with every key (the file's and this process's environment's) as a digest in
-        `service.api_keys`: what the replicas are deployed with, wherever their own environment lacks."""
-        service = self.service.model_copy(update={"api_keys": resolve_keys(self.service.api_keys)})
-        return self.model_copy(update={"service": service})
-
-
-def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key; remove it or check its spelling (see docs/configuration.md)")
-        else:
-            lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
-def parse_config(data: Any, origin: str = "config") -> AppConfig:
-    try:
-        return AppConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(f"{origin} is invalid:\n{_describe(err)}") from None
-
-
-def load_config(path: str | Path) -> AppConfig:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; see configs/ for examples") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
-    return parse_config(data, origin=str(path))
-
-
-def tightest(*values: float | None) -> float | None:
-    """The smallest of the targets given; None if none is."""
-    given = [v for v in values if v is not None]
-    return min(given) if given else None

@@ -49,7 +49,7 @@ async def prometheus_metrics(request: Request) -> Response:
             per_model[model_id] = await asyncio.wait_for(b.stats(), timeout=_PROBE_TIMEOUT_S)
         except Exception:  # a dead or busy replica must not break the scrape of everything else
             pass
-    # Only the ingress tier retries and migrates (ray_backend.HandleBackend keeps the counts); an in-process host
+    # Only the ingress tier retries and migrates (rayserve/handle_backend.py keeps the counts); an in-process host
     # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
     migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}

@@ -35,7 +35,7 @@ class ChatShape:
         self._called: set[int] = set()  # choices with a tool call streamed
 
     def logprobs(self, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> dict[str, Any]:
-        # The engine gives the chosen token first, then the top ones (vllm_engine._logprobs); chat shows the first
+        # The engine gives the chosen token first, then the top ones (engine/vllm/from_vllm.py); chat shows the first
         # `top_logprobs` of them, as vLLM's server does.
         return {
             "content": [
@@ -185,7 +185,7 @@ def prompt_scores(first: str | None, positions: tuple[tuple[PromptTokenLogprob, 
     for alts in positions:
         if alts is None:  # the first token
             scores.append(PromptScore(first or "", None, None))
-        else:  # its own token first, then the others (vllm_engine._prompt_logprobs), all shown as vLLM shows them
+        else:  # its own token first, then the others (engine/vllm/from_vllm.py), all shown as vLLM shows them
             scores.append(PromptScore(alts[0].text, alts[0].logprob, {a.text: a.logprob for a in alts}))
     return scores
 

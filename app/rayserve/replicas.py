@@ -111,7 +111,7 @@ def _refuse_open_access(config: AppConfig, listen: bool) -> None:
 
 
 def _this_replica_id() -> str:
-    """Serve's id of the replica this runs in (what `serving_router` sees as `replica_id.unique_id`)."""
+    """Serve's id of the replica this runs in (what `request_router` sees as `replica_id.unique_id`)."""
     try:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # outside a Serve replica (tests that build one directly)

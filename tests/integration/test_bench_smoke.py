@@ -1,6 +1,6 @@
-"""Smoke test for scripts/bench.py (the command line of loadkit.bench): the cheapest real path, end to end.
+"""Smoke test for `python -m loadkit bench`: the cheapest real path, end to end.
 
-`scripts/bench.py --quick --systems naive --repeats 2` starts the naive FastAPI baseline (no vLLM
+`python -m loadkit bench --quick --systems naive --repeats 2` starts the naive FastAPI baseline (no vLLM
 engine, up in seconds) twice, in two rounds; each time drives it with vLLM's own load generator (a
 handful of short requests at one concurrency) and stops it; then pools the rounds and writes the
 report and plots. The report's table must have a row, labelled with its precision,

@@ -39,7 +39,7 @@ import yaml
 from app.cli import local_cluster
 from app.rayserve.builder import INGRESS_NAME, engine_deployment_name
 from loadkit.cluster import LocalCluster
-from loadkit.long_stream import LongStream
+from loadkit.long_stream import LONG, LongStream
 from loadkit.service import ProcessGroup
 from loadkit.steady_load import SteadyLoad
 from tests.support.ray_cluster import running_local_cluster
@@ -251,6 +251,8 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
     before = cluster.engine_cores(DEPLOYMENT)
     victim_id, victim = next(iter(before.items()))
     resumed = len(cluster.worker_lines(RESUMED))
+    with openai.OpenAI(base_url=f"{two_replicas.base_url}/v1", api_key=KEY, max_retries=0, timeout=300) as c:
+        reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True}, **LONG)
     try:
         with two_replicas.load(plain=2, streaming=2) as load:
             load.wait_served(6, what="steady load before the SIGSTOP")
@@ -278,7 +280,8 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
     assert wedged, "the replica did not declare its stopped engine wedged"
     assert not load.failures(), load.summary(stopped_at)
     for s in streams:
-        assert s.whole() is None, s.whole()
+        assert s.whole() is None, s.whole()  # finish "length", usage counted over the whole answer
+        assert s.usage.prompt_tokens == reference.usage.prompt_tokens  # the prompt once, not the continuation's
     assert moved, "no request was on the stopped engine: the test proved nothing about moving one"
 
 

@@ -57,7 +57,8 @@ async def test_a_dead_engine_restarts_with_a_factory_and_is_broken_without():
     host.engine.kill()
     await host.check_health()  # finds it dead: a restart begins, and the health check passes meanwhile
     assert host.supervisor.state in (EngineState.RESTARTING, EngineState.SERVING)
-    await until(lambda: host.supervisor.state is EngineState.SERVING and host.supervisor.restarts_total == 1, what="restarted")
+    await until(lambda: host.supervisor.state is EngineState.SERVING and host.supervisor.restarts_total == 1,
+                what="restarted")
     assert host.engine is built[0]
 
     alone = _host(FakeEngine())

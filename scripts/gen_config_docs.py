@@ -50,6 +50,7 @@ CROSS_KEY_RULES = [
     "`limits.default_max_tokens` may not exceed `limits.max_tokens`.",
     "`limits.default_max_tokens` and `limits.max_prompt_tokens` must be below `engine.max_model_len`.",
     "`engine.tensor_parallel_size` above 1 needs GPUs (`deployment.num_gpus` above 0).",
+    "`engine.fake_token_delay_s` is for `engine_kind: fake` only.",
     "Model `id`s must be unique.",
 ]
 

@@ -51,6 +51,11 @@ class EngineConfig(StrictModel):
         "`--tool-call-parser`), checked when the engine starts: it lets requests with tools use tool_choice "
         '"auto". Without one, "auto" is a 400 (`required` and a named function work with any model).',
     )
+    fake_token_delay_s: float = Field(
+        0.0, ge=0, le=10,
+        description="`engine_kind: fake` only: seconds the test engine takes per output token (0: at once), so "
+        "that streams are still under way when a test breaks something.",
+    )
 
 
 class DeploymentConfig(StrictModel):
@@ -164,6 +169,8 @@ class ModelConfig(StrictModel):
             )
         if self.deployment.num_gpus == 0 and self.engine.tensor_parallel_size > 1:
             raise ValueError("engine.tensor_parallel_size > 1 needs deployment.num_gpus >= tensor_parallel_size")
+        if self.engine.fake_token_delay_s and self.engine_kind != "fake":
+            raise ValueError("engine.fake_token_delay_s is for engine_kind: fake only; remove it")
         return self
 
     @property

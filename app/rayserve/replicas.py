@@ -46,7 +46,7 @@ def make_engine(model: ModelConfig) -> Engine:
     if model.engine_kind == "fake":
         from app.engine.fake import FakeEngine
 
-        return FakeEngine(max_model_len=model.engine.max_model_len)
+        return FakeEngine(max_model_len=model.engine.max_model_len, token_delay_s=model.engine.fake_token_delay_s)
     from app.engine.vllm.engine import VLLMEngine
 
     return VLLMEngine(model)

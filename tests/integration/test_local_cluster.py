@@ -16,9 +16,11 @@ existing cluster:
   request; and a whole worker node lost (every process of it
   SIGKILLed) costs none, long streams included: clients hold their connections to the head only.
 
-The cluster is started once for this module (the guide's once per session: no other module uses one), the
-manifest's deployment once after the `app serve` test; the tests run in file order, each manifest test starting
-from two running replicas."""
+The cluster is started once for this module (no other module uses one), the manifest's deployment once after
+the `app serve` test; the tests run in file order, each manifest test starting from two running replicas. The
+tests of an engine (killed, stopped) run the real one; those of whole replicas (killed, scaled down, replaced,
+lost with their node) run the same application on fake engines (`fake_deployed`): Ray, Serve, the ingress and
+the migration are the same, and a new replica is ready in seconds instead of after a model load."""
 
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ START_S = 600  # two engines loading on two shared cores, sometimes beside a loa
 DRAIN_GRACE_S = 2
 # Answers long enough (several seconds each here) that a replica stopped after DRAIN_GRACE_S has some in flight.
 LONGER = 48
+# The fake engines' pace: 4.8 s for LONGER tokens, 9.6 s for a long stream's 96, so both are under way at a fault.
+FAKE_TOKEN_DELAY_S = 0.1
 
 
 def manifest_serve_config(port: int) -> dict:
@@ -116,6 +120,33 @@ def deployed(cluster: LocalCluster, tmp_path_factory) -> Iterator[Deployment]:
 def two_replicas(deployed: Deployment) -> Deployment:
     deployed.cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
     return deployed
+
+
+def on_fake_engines(serve_config: dict) -> dict:
+    """The manifest's application as it is, but its engines fake ones that take FAKE_TOKEN_DELAY_S a token."""
+    config = json.loads(json.dumps(serve_config))
+    model = config["applications"][0]["args"]["config"]["models"][0]
+    model["engine_kind"] = "fake"
+    model.setdefault("engine", {})["fake_token_delay_s"] = FAKE_TOKEN_DELAY_S
+    return config
+
+
+@pytest.fixture(scope="module")
+def fake_deployed(deployed: Deployment) -> Deployment:
+    """The tests of what Serve and the ingress do with whole replicas (a replica killed, scaled down, replaced in a
+    rolling update, lost with its node) run the manifest's application on fake engines: every process, node,
+    handle, proxy and migration is as real as before, and a replacement replica is ready in seconds instead of
+    a model load on a shared core. What only a real engine shows (its EngineCore killed or stopped) ran above."""
+    deployed.cluster.shutdown_serve()
+    deployed.deploy(on_fake_engines(deployed.config))
+    deployed.cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+    return deployed
+
+
+@pytest.fixture
+def two_fake_replicas(fake_deployed: Deployment) -> Deployment:
+    fake_deployed.cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+    return fake_deployed
 
 
 def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_keys(cluster: LocalCluster,
@@ -285,16 +316,16 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
     assert moved, "no request was on the stopped engine: the test proved nothing about moving one"
 
 
-def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
+def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_fake_replicas: Deployment):
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
     would: Serve replaces the replica; its requests in flight continue on the other replica (app/rayserve/migration.py),
     long greedy streams included, and new ones go there until the replacement is ready."""
-    cluster = two_replicas.cluster
+    cluster = two_fake_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
     victim_id, victim_pid = next(iter(before.items()))
-    with two_replicas.load(plain=2, streaming=2) as load:
+    with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the kill")
-        streams = _streams_under_way(two_replicas)
+        streams = _streams_under_way(two_fake_replicas)
         killed_at = time.monotonic()
         psutil.Process(victim_pid).kill()
         for s in streams:
@@ -319,19 +350,19 @@ def _resumed_since(cluster: LocalCluster, before: int) -> int:
     return len(cluster.worker_lines(RESUMED)) - before
 
 
-def test_scaling_down_under_load_fails_no_request(two_replicas: Deployment):
+def test_scaling_down_under_load_fails_no_request(two_fake_replicas: Deployment):
     """num_replicas in the serveConfigV2's `deployments` override: Serve removes a replica, draining it, and leaves
     the other running. (Scaling up starts a replica as the rolling update below does: no request reaches it before
     its engine is ready.)"""
-    cluster = two_replicas.cluster
-    config = json.loads(json.dumps(two_replicas.config))
+    cluster = two_fake_replicas.cluster
+    config = json.loads(json.dumps(two_fake_replicas.config))
     _engine_override(config)["num_replicas"] = 1
     kept = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
     resumed = len(cluster.worker_lines(RESUMED))
-    with two_replicas.load(plain=2, streaming=2, max_tokens=LONGER) as load:
+    with two_fake_replicas.load(plain=2, streaming=2, max_tokens=LONGER) as load:
         load.wait_served(6, what="steady load before scaling")
         started = time.monotonic()
-        two_replicas.deploy(config)
+        two_fake_replicas.deploy(config)
         cluster.wait_replicas(APP, DEPLOYMENT, running=1, timeout_s=START_S)
         remaining = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
         load.wait_served(6, what="the load served by one replica")
@@ -341,22 +372,22 @@ def test_scaling_down_under_load_fails_no_request(two_replicas: Deployment):
     assert len(load.since(started)) >= 6
 
 
-def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(deployed: Deployment):
+def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(fake_deployed: Deployment):
     """A changed limit in the application's config (new args: Serve replaces every replica) and num_replicas back
     to the manifest's 2, from the one the scale-down left. The manifest's `max_surge_percent` has Serve start the
     replicas of the new version before it stops the old one, so the single old replica serves until then; the
     surge needs a node more than the replicas (one per node), which joins as KubeRay's autoscaler adds a pod."""
-    cluster = deployed.cluster
+    cluster = fake_deployed.cluster
     old = {r.replica_id for r in cluster.replicas(DEPLOYMENT)}
     resumed = len(cluster.worker_lines(RESUMED))
-    config = json.loads(json.dumps(deployed.config))
+    config = json.loads(json.dumps(fake_deployed.config))
     _engine_override(config)["num_replicas"] = 2
     limits = config["applications"][0]["args"]["config"]["models"][0]["limits"]
     limits["default_max_tokens"] = limits["default_max_tokens"] // 2
-    with deployed.load(plain=2, streaming=2, max_tokens=LONGER) as load:
+    with fake_deployed.load(plain=2, streaming=2, max_tokens=LONGER) as load:
         load.wait_served(6, what="steady load before the update")
         started = time.monotonic()
-        deployed.deploy(config)
+        fake_deployed.deploy(config)
         local_cluster.add_worker(state_dir=cluster.state_dir, env={"APP_API_KEYS": KEY})
         wait_until(lambda: not old & {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=START_S * 2,
                    interval_s=2, what="every old replica replaced")
@@ -368,23 +399,23 @@ def test_a_rolling_update_that_scales_back_up_under_load_fails_no_request(deploy
     assert len(load.since(started)) >= 12
 
 
-def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_replicas: Deployment):
+def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_fake_replicas: Deployment):
     """A worker node lost outright (every process of it SIGKILLed at once: its raylet, the engine replica on it
     and its engine), as a lost pod or machine. Clients hold their connections to the head's proxy and the ingress
     beside it (the manifest's proxy_location HeadOnly, the ingress on the head's `ingress` resource), so no
     connection goes with the node; the requests its replica was answering continue on the other replica, and new
     ones go there. The last test of the module: Serve's replacement starts on the node the rolling update added,
     and the test ends without waiting for it."""
-    cluster = two_replicas.cluster
+    cluster = two_fake_replicas.cluster
     proxies = _nodes_running(cluster, "ProxyActor")
     ingresses = cluster.replicas(INGRESS_NAME)
     assert proxies == ["head"] and ingresses and all(r.node == "" for r in ingresses), \
         f"clients must reach the head only: proxies on {proxies}, ingress replicas {ingresses}"
     victim = cluster.replicas(DEPLOYMENT)[0]
     resumed_before = len(cluster.worker_lines(RESUMED))
-    with two_replicas.load(plain=2, streaming=2) as load:
+    with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the node is lost")
-        streams = _streams_under_way(two_replicas)
+        streams = _streams_under_way(two_fake_replicas)
         lost_at = time.monotonic()
         said = cluster.lose_node(victim.node)
         for s in streams:

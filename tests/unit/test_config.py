@@ -76,6 +76,8 @@ def test_unknown_top_level_and_service_keys():
         ({"id": "has space"}, "models.0.id"),
         ({"engine_kind": "llamacpp"}, "models.0.engine_kind"),
         ({"engine": {"tensor_parallel_size": 2}}, "tensor_parallel_size > 1 needs"),
+        ({"engine_kind": "vllm", "engine": {"fake_token_delay_s": 0.1}}, "fake_token_delay_s is for engine_kind: fake"),
+        ({"engine": {"fake_token_delay_s": -1}}, "models.0.engine.fake_token_delay_s"),
     ],
 )
 def test_impossible_values_rejected(overrides, where):

@@ -13,6 +13,7 @@ import os
 import openai
 import pytest
 
+from tests.support.engine_procs import engine_cores
 from tests.support.service import (
     API_KEY,
     MODEL,
@@ -163,11 +164,11 @@ def test_http_goes_through_the_serve_proxy_when_asked(multi):
 
 
 def _workers_cores(service) -> list[set[int]]:
-    """The cores each vLLM CPU worker of the stack is bound to (its main thread is one of its OpenMP threads)."""
-    import psutil
-
-    return [set(os.sched_getaffinity(p.pid)) for p in psutil.Process(service.proc.pid).children(recursive=True)
-            if "VLLM::Worker" in p.name()]
+    """The cores each model's vLLM CPU worker is bound to (its main thread is one of its OpenMP threads): the
+    children of each EngineCore, found as `engine_cores` finds them, not by vLLM's process title (a CI run of
+    2026-12-02 found no process titled VLLM::Worker, as earlier ones found none titled VLLM::EngineCore)."""
+    return [set(os.sched_getaffinity(w.pid)) for model in (MODEL, SECOND_MODEL)
+            for core in engine_cores(service, model) for w in core.children()]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")

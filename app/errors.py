@@ -123,6 +123,11 @@ class OverTimeTarget(QueueFull):
         return {**super().headers(), "x-should-retry": "false"}
 
 
+class NeverInTime(OverTimeTarget):
+    """An `OverTimeTarget` for a request that would miss its target even alone on this replica: no Retry-After
+    (waiting does not help), and no other busy replica is tried."""
+
+
 def queue_full_class(status: int) -> type[QueueFull]:
     """The 'queue full' refusal for the configured status (429 or 503)."""
     return QueueFull if status == 429 else QueueFullUnavailable
@@ -140,6 +145,13 @@ class ServiceUnavailable(ServiceError):
     status = 503
     type = "service_unavailable"
     code = "engine_unavailable"
+
+
+class EngineWedged(ServiceUnavailable):
+    """The request was waiting for its first output on an engine declared wedged: another replica is given it
+    with more time (`GenerateRequest.after_wedge`), in case the request was the slow one."""
+
+    code = "engine_wedged"
 
 
 class RequestTimeout(ServiceError):

@@ -3,9 +3,10 @@
 One token is one byte of UTF-8 for prompts (a vocabulary of 256 ids, which token ids in
 `logit_bias`, `allowed_token_ids` and `stop_token_ids` must be within, as vLLM checks them);
 the output is a fixed sentence of word tokens (then end-of-sequence), numbered words when
-`ignore_eos` is set, and numbered words after the sentence until `min_tokens`. Stop strings
-end the text before them, or after them with `include_stop_str_in_output`; vLLM's other
-sampling extensions are accepted and have no effect.
+`ignore_eos` is set, and numbered words after the sentence until `min_tokens`; the token id of step s is
+s % 256, and a prompt that ends with the ids of steps 0..k-1 continues at step k, as a model continues its
+own answer. Stop strings are vLLM's (app/engine/stop_strings.py: the text held back while it may be the
+start of one); vLLM's other sampling extensions are accepted and have no effect.
 Embeddings (`embed`): a vector of `EMBEDDING_SIZE` values computed from the token ids (each id at its position),
 L2-normalized as vLLM's pooler normalizes, every value a float32 (so base64's float32 round-trips exactly);
 `matryoshka` says whether `dimensions` may shorten it (and to which sizes).
@@ -25,6 +26,7 @@ import asyncio
 import math
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any
 
 from app.engine.fake_model import (
@@ -49,9 +51,23 @@ from app.engine.interface import (
     TokenLogprob,
     ToolCallDelta,
 )
+from app.engine.stop_strings import StopStrings
 from app.errors import InvalidRequest
 
 CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+
+
+def _steps_done(prompt_ids: list[int]) -> int:
+    """k when the prompt ends with the ids of this engine's steps 0..k-1 after a prompt of its own (a
+    continuation), else 0: a text prompt never holds byte 0."""
+    if not prompt_ids:
+        return 0
+    k = prompt_ids[-1] + 1
+    while k < len(prompt_ids):
+        if prompt_ids[-k:] == [j % VOCAB_SIZE for j in range(k)]:
+            return k
+        k += VOCAB_SIZE
+    return 0
 
 
 class FakeEngine(EngineWaits):
@@ -135,33 +151,33 @@ class FakeEngine(EngineWaits):
         cached = self._cached(tuple(prompt_token_ids))
         self._changed()
         try:
-            plans = [answer_words(params, i) for i in range(params.n)]
-            texts = ["" for _ in plans]
+            # A continuation (app/rayserve/migration.py) ends its prompt with this engine's ids: steps 0..k-1.
+            first_step = _steps_done(prompt_token_ids)
+            planned = replace(params, max_tokens=params.max_tokens + first_step,
+                              min_tokens=params.min_tokens + first_step if params.min_tokens else 0)
+            plans = [answer_words(planned, i) for i in range(params.n)]
+            stops = [StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens) for _ in plans]
             done = [False for _ in plans]
-            step = 0
+            step = first_step
             while not all(done):
                 await self._step()
                 choices = []
                 for i, words in enumerate(plans):
                     if done[i]:
                         continue
-                    word = words[step] if step < len(words) else ""
-                    texts[i] += word
+                    token = words[step] if step < len(words) else ""
+                    matched = stops[i].add(token, 1)
                     finish = None
-                    stop_at = min((texts[i].find(s) for s in params.stop if s in texts[i]), default=-1)
-                    if stop_at >= 0:
-                        if params.include_stop_str_in_output:  # the text ends after the stop string instead
-                            stop_at += len(next(s for s in params.stop if texts[i].find(s) == stop_at))
-                        cut = len(texts[i]) - stop_at  # characters of this word at or past the stop string
-                        word = word[: len(word) - cut] if len(texts[i]) - len(word) <= stop_at else ""
+                    if matched is not None:
                         finish = "stop"
-                    elif step + 1 >= params.max_tokens:
+                    elif step + 1 >= planned.max_tokens:
                         finish = "length"
                     elif step + 1 >= len(words):
                         finish = "stop"
+                    text = stops[i].release(finish is not None)
                     logprobs = None
                     if params.logprobs is not None:
-                        name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else word
+                        name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else token
                         top = tuple((f"token_id:{VOCAB_SIZE - 1 - k}" if params.tokens_as_ids else f"alt{k}", -1.0 - k)
                                     for k in range(params.logprobs))
                         ranked = ((name, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
@@ -170,13 +186,13 @@ class FakeEngine(EngineWaits):
                     if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
                         calls = (auto_call(params.auto_tools[0], i),)
                     choices.append(
-                        ChoiceDelta(index=i, text=word, num_tokens=1, finish_reason=finish, logprobs=logprobs,
-                                    tool_calls=calls,
+                        ChoiceDelta(index=i, text=text, num_tokens=1, finish_reason=finish, logprobs=logprobs,
+                                    tool_calls=calls, stop_reason=matched,
                                     token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
                     )
                     self._generated += 1
                     done[i] = finish is not None
-                first = step == 0
+                first = step == first_step
                 step += 1
                 yield GenerationDelta(choices=tuple(choices),
                                       prompt_token_ids=tuple(prompt_token_ids) if first and params.return_token_ids

@@ -31,7 +31,8 @@ def answer_words(params: GenerationParams, index: int) -> list[str]:
     if params.regex is not None or params.grammar is not None:
         return ["fake"]
     if params.ignore_eos:
-        offset = (params.seed or 0) + index * 1000 if params.temperature > 0 else 0
+        # vLLM samples choice i with seed + i
+        offset = ((params.seed or 0) + index) * 1000 if params.temperature > 0 else 0
         return [f"w{offset + i} " for i in range(params.max_tokens)]
     words = ANSWER.split(" ")
     if params.temperature > 0 and (params.seed is not None or index):

@@ -101,11 +101,11 @@ class GenerateRequest:
     # tighten the model's.
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
-    # A continuation (app/rayserve/migration.py): the rest of a request another replica failed under, whose client has
-    # had its first token. Its prompt's last `resumed_tokens` ids are output being resumed: they count against
-    # the context, not the prompt limit, and no first-token target applies.
+    # A continuation (app/rayserve/migration.py), whose client has had its first token: its prompt's last
+    # `resumed_tokens` ids are output being resumed (against the context, not the prompt limit; no first-token target).
     continuation: bool = False
     resumed_tokens: int = 0
+    after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ engine preempt and recompute; a request bigger than the whole budget still runs,
 alone, so nothing valid is refused for ever.
 
 In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its
-target is refused at arrival (`OverTimeTarget`, 429, Retry-After the predicted excess) instead of
-waiting in the queue only to miss it; the queue timeout stays as a safety net for wrong predictions.
-The start of the simulation ignores the token budget (a budget-bound queue is predicted too short).
+target is refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when
+it would miss even alone) instead of waiting in the queue only to miss it; the queue timeout stays as a
+safety net for wrong predictions. The start of the simulation ignores the token budget (a budget-bound
+queue is predicted too short).
 
 Use: `ticket = admission.reserve()` (cheap; raises before any work), validate,
 `await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
@@ -21,27 +22,18 @@ with `ticket.produced(steps)` (this is how the pace is learned), and `ticket.rel
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import deque
-from dataclasses import dataclass
 
-from app.errors import OverTimeTarget, QueueFull, QueueTimeout, ServiceUnavailable
+from app.errors import QueueFull, QueueTimeout, ServiceUnavailable
 from app.host.pace import EnginePace, Prediction, Work
 from app.host.stats import AdmissionStats
+from app.host.time_refusals import NO_TARGETS, Targets, never_in_time, over_time
 
 _RESERVED, _WAITING, _RUNNING, _RELEASED = "reserved", "waiting", "running", "released"
 # How often the queue is checked again against the pace (on a first token, while requests wait): each check
 # simulates the whole queue once (~1 ms for 64 queued behind 32 running).
 SWEEP_EVERY_S = 1.0
-
-
-@dataclass(frozen=True)
-class Targets:
-    """A request's latency targets, seconds from its arrival at the replica; None: no target."""
-
-    first_token_s: float | None = None
-    finish_s: float | None = None
 
 
 class Ticket:
@@ -66,7 +58,7 @@ class Ticket:
         self,
         tokens: int,
         timeout_s: float,
-        targets: Targets = Targets(),
+        targets: Targets = NO_TARGETS,
         prompt_tokens: int = 0,
         max_steps: int = 0,
     ) -> None:
@@ -192,31 +184,10 @@ class Admission:
             # model's error, and a model that refuses everything learns nothing more (it learns from admitted
             # requests; docs/sizing.md, "Admission by time").
             return
-        late = self._over_time(prediction, targets, waited_s=0.0)
+        late = over_time(prediction, targets, 0.0, self.queue_timeout_s)
         if late is not None:
             self._refused_time += 1
-            raise late
-
-    def _over_time(self, prediction: Prediction, targets: Targets, waited_s: float) -> OverTimeTarget | None:
-        """The refusal of a request `waited_s` into its wait whose predicted first token or end (from now) comes
-        after its `targets`, or whose start after the queue timeout; None when all are met. Retry-After: the
-        predicted excess."""
-        for what, predicted, target in (
-            ("first token", prediction.first_token_s, targets.first_token_s),
-            ("end", prediction.finish_s, targets.finish_s),
-            ("start", prediction.start_s, self.queue_timeout_s),
-        ):
-            if target is None or predicted <= target - waited_s:
-                continue
-            limit = "queue timeout" if what == "start" else "target"
-            when = (f"after {waited_s:.1f} s in the queue, this request's {what} is predicted in {predicted:.1f} s "
-                    "more" if waited_s else f"this request's {what} is predicted in {predicted:.1f} s")
-            return OverTimeTarget(
-                f"Server is busy: {when}, later than its {target:g} s {limit}; retry after the Retry-After delay "
-                "(or ask for fewer tokens)",
-                retry_after_s=max(1, math.ceil(predicted + waited_s - target)),
-            )
-        return None
+            raise never_in_time(self.pace.predict(ticket.work(now), (), (), self.max_running), targets) or late
 
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
@@ -249,7 +220,8 @@ class Admission:
         predictions = self.pace.predict_queue((t.work(now) for t in self._running_tickets),
                                               [t.work(now) for t in queue], self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):
-            late = self._over_time(prediction, Targets() if judged else ticket.targets, now - ticket.queued_at)
+            late = over_time(prediction, Targets() if judged else ticket.targets, now - ticket.queued_at,
+                             self.queue_timeout_s)
             if late is None:
                 continue
             self._waiting.remove(ticket)

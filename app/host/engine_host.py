@@ -24,6 +24,7 @@ from app.config.model import ModelConfig
 from app.config.service import ServiceConfig
 from app.engine.interface import (
     Admitted,
+    ChoiceDelta,
     Embeddings,
     EmbedRequest,
     Engine,
@@ -132,6 +133,10 @@ class EngineHost:
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
         params = self.prompts.fit_to_context(len(prompt_ids), request)
+        if params.max_tokens <= 0:  # a continuation whose default max_tokens used the whole context: it is done
+            yield Admitted(prompt_tokens=len(prompt_ids))
+            yield GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=0, finish_reason="length"),))
+            return
         # A continuation's client has had its first token (app/rayserve/migration.py).
         first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
         finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
@@ -142,7 +147,7 @@ class EngineHost:
                 if request.prompt.token_ids is not None and request.want_prompt_text
                 else None
             )
-            deltas = self.runner.stream(request.request_id, prompt_ids, params, deadline)
+            deltas = self.runner.stream(request.request_id, prompt_ids, params, deadline, request.after_wedge)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
                 # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.

@@ -4,7 +4,9 @@ vLLM 0.32's `check_health` reports only an engine that has already errored: an `
 SIGSTOP (or stuck in a kernel, a deadlock, a livelocked step) passes it forever, and every request in it
 waits until its own timeout. So the host also watches progress: while the engine has unfinished requests,
 it must produce some output (any token of any request, seen either by the host or in the engine's own
-token counters) within a bound derived from what is in flight. Past the bound it is declared wedged.
+token counters) or move its KV cache use (a chunked prefill allocates blocks chunk by chunk; vLLM counts a
+prompt's tokens only at its first output) within a bound derived from what is in flight. Past the bound it
+is declared wedged.
 
 The bound, and why it never trips on a busy engine:
 
@@ -12,7 +14,12 @@ The bound, and why it never trips on a busy engine:
   for their first output (`prefill_tokens`: those of the requests in flight the host has seen no output
   of): once any of them is prefilled it emits, and a decoding request emits every step. That sum, over the
   measured prefill rate, times `margin` (the rate is fitted on the prompts seen so far, and attention makes a
-  long prompt slower per token than a short one), plus `floor_s`.
+  long prompt slower per token than a short one), plus `floor_s`. The rate is the slowest measured so far
+  (a slow engine is slow, not wedged); before any is measured, `UNMEASURED_PREFILL_TOKENS_PER_S`, slower than a
+  7B model on a few CPU cores (docs/operations.md).
+- A request that was waiting for its first output on an engine declared wedged (`patient`) counts its prompt
+  `PATIENT_FACTOR` times: if it was the slow one rather than the engine, it does not wedge the next engine
+  too, and the next, one after another.
 - `floor_s` covers what is not prefill (a decode step at a full batch, a preempted request's recompute, a GC
   pause, a starved CPU); it is also what detection costs when requests are decoding. Why one step's worth of
   prefill is not enough, and the figures: docs/operations.md, "Wedged and dead engines".
@@ -36,7 +43,8 @@ from dataclasses import dataclass
 
 FLOOR_S = 30.0
 MARGIN = 2.0
-UNMEASURED_PREFILL_TOKENS_PER_S = 100.0
+UNMEASURED_PREFILL_TOKENS_PER_S = 10.0
+PATIENT_FACTOR = 10
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Stall:
     quiet_s: float
     bound_s: float
     request_ids: tuple[str, ...]
+    waiting_ids: tuple[str, ...]  # those with no output yet: the prefill the bound was waiting for
     prefill_tokens: int
     prefill_tokens_per_s: float
 
@@ -72,7 +81,7 @@ class ProgressWatch:
         self._prompts: dict[str, int] = {}  # request id -> prompt tokens, for requests handed to the engine
         self._unprefilled: dict[str, int] = {}  # those of them with no output seen yet
         self._quiet_since = clock()  # the last moment the engine was known to be making progress, or idle
-        self._engine_tokens = -1  # the engine's own token counters at the last look
+        self._engine_progress: object = None  # the engine's own counters at the last look
         self._slowest_rate: float | None = None  # the slowest prefill rate reported so far
         self._last_look: float | None = None
 
@@ -84,12 +93,12 @@ class ProgressWatch:
 
     # -- what the host tells it ---------------------------------------------------------------
 
-    def entered(self, request_id: str, prompt_tokens: int) -> None:
-        """A request is handed to the engine."""
+    def entered(self, request_id: str, prompt_tokens: int, patient: bool = False) -> None:
+        """A request is handed to the engine (`patient`: see the module's text)."""
         if not self._prompts:
             self._quiet_since = self._clock()  # an idle engine owed nothing until now
         self._prompts[request_id] = prompt_tokens
-        self._unprefilled[request_id] = prompt_tokens
+        self._unprefilled[request_id] = prompt_tokens * (PATIENT_FACTOR if patient else 1)
 
     def output(self, request_id: str) -> None:
         """The host saw an output of `request_id`: progress, and its prompt is prefilled."""
@@ -125,12 +134,12 @@ class ProgressWatch:
             self._slowest_rate = prefill_tokens_per_s if slowest is None else min(slowest, prefill_tokens_per_s)
         if self._slowest_rate is None:
             return self.unmeasured_prefill_tokens_per_s
-        return max(self.unmeasured_prefill_tokens_per_s, self._slowest_rate)
+        return self._slowest_rate
 
     def stalled(
-        self, engine_tokens: int, engine_busy: bool, prefill_tokens_per_s: float | None
+        self, engine_progress: object, engine_busy: bool, prefill_tokens_per_s: float | None
     ) -> Stall | None:
-        """Looks at the engine now: `engine_tokens` its prompt + generated token counters (any change is
+        """Looks at the engine now: `engine_progress` its own counters (token counts, KV cache use: any change is
         progress), `engine_busy` whether it has unfinished requests; a `Stall` once it has been quiet past the
         bound, else None."""
         now = self._clock()
@@ -139,8 +148,8 @@ class ProgressWatch:
             if late > 0:  # the host could not look meanwhile: not the engine's time
                 self._quiet_since = min(now, self._quiet_since + late)
         self._last_look = now
-        if engine_tokens != self._engine_tokens:
-            self._engine_tokens = engine_tokens
+        if engine_progress != self._engine_progress:
+            self._engine_progress = engine_progress
             self._quiet_since = now
         if not self._prompts or not engine_busy:
             self._quiet_since = now  # nothing owed: whatever is in flight waits for its reader, not the engine
@@ -152,6 +161,7 @@ class ProgressWatch:
             quiet_s=quiet,
             bound_s=bound,
             request_ids=self.request_ids(),
+            waiting_ids=tuple(self._unprefilled),
             prefill_tokens=self.prefill_tokens(),
             prefill_tokens_per_s=self._rate(prefill_tokens_per_s),
         )

@@ -65,22 +65,24 @@ class EngineRunner:
         self.supervisor = supervisor
 
     async def stream(
-        self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams, deadline: float,
+        after_wedge: bool = False,
     ) -> AsyncGenerator[GenerationDelta, None]:
         """The engine's stream, ended by `deadline`, or at once with a retryable `ServiceUnavailable` when the
-        engine is found broken (the supervisor expires the deadline)."""
+        engine is found broken (the supervisor expires the deadline). `after_wedge`: the progress watch is
+        patient with its prefill (app/host/progress_watch.py)."""
         sup = self.supervisor
         engine, watch = sup.engine, sup.watch
         if sup.left(engine):  # admitted from the queue after its engine broke
             raise sup.ended_by_broken_engine()
         stream = engine.generate(request_id, prompt_ids, params)
-        watch.entered(request_id, len(prompt_ids))
+        watch.entered(request_id, len(prompt_ids), patient=after_wedge)
         sup.watch_progress()
         finished = False
         try:
             while True:
                 if sup.left(engine):
-                    raise sup.ended_by_broken_engine()
+                    raise sup.ended_by_broken_engine(request_id)
                 async with asyncio.timeout_at(deadline) as clock:  # around the await only, never across the yield
                     sup.clock_started(request_id, clock)
                     try:
@@ -92,7 +94,7 @@ class EngineRunner:
                 yield delta
         except TimeoutError:
             if sup.left(engine):
-                raise sup.ended_by_broken_engine() from None
+                raise sup.ended_by_broken_engine(request_id) from None
             raise RequestTimeout(
                 "The request ran past its time limit and was stopped; ask for fewer tokens or retry later"
             ) from None

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from app.config.model import ModelConfig
 from app.engine.interface import Engine, EngineDead, EngineFailed
 from app.engine.processes import EngineProcesses, start_engine, stop_engine
-from app.errors import ServiceUnavailable
+from app.errors import EngineWedged, ServiceUnavailable
 from app.host.progress_watch import ProgressWatch, Stall
 
 log = logging.getLogger("app.server")
@@ -147,8 +147,10 @@ class EngineSupervisor:
         """The request's engine broke, or has been replaced since it started: it must not wait on it."""
         return engine is not self.engine or self.reason is not None
 
-    def ended_by_broken_engine(self) -> ServiceUnavailable:
-        return ServiceUnavailable(
+    def ended_by_broken_engine(self, request_id: str = "") -> ServiceUnavailable:
+        waited = self.last_stall is not None and request_id in self.last_stall.waiting_ids
+        kind = EngineWedged if waited and (self.reason or "").startswith("wedged") else ServiceUnavailable
+        return kind(
             f"the engine for '{self.model.id}' stopped serving while this request was in it "
             f"({self.reason or 'replaced'}); retry",
             retry_after_s=self.restart_retry_after_s() if self.state is EngineState.RESTARTING else 5,
@@ -189,18 +191,15 @@ class EngineSupervisor:
         engine = self.engine
         stats = engine.stats()
         stall = self.watch.stalled(
-            stats.prompt_tokens_total + stats.generation_tokens_total, stats.running > 0, self._prefill_rate()
+            (stats.prompt_tokens_total + stats.generation_tokens_total, stats.kv_cache_usage), stats.running > 0,
+            self._prefill_rate()
         )
         if stall is not None:
             self.last_stall = stall
             self.wedged_total += 1
-            log.error(
-                "engine for %s wedged: %s; ending requests %s",
-                self.model.id,
-                stall.describe(),
-                ", ".join(stall.request_ids),
-                extra={"model": self.model.id, "request_ids": list(stall.request_ids), "quiet_s": stall.quiet_s},
-            )
+            log.error("engine for %s wedged: %s; ending requests %s", self.model.id, stall.describe(),
+                      ", ".join(stall.request_ids),
+                      extra={"model": self.model.id, "request_ids": list(stall.request_ids), "quiet_s": stall.quiet_s})
             self.engine_broken(engine, f"wedged ({stall.describe()})", wedged=True)
         return stall
 

@@ -71,6 +71,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._progress_at = 0.0  # when the client last acknowledged a byte, or had none waiting
         self._in_headers = True
         self._header_bytes = 0
+        self._header_tail = b""
         self._refused = False
         self._grace_given = False  # a phase's clock ran out with bytes unread, and waited a moment once
 
@@ -105,8 +106,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_headers:
             if self._timer is None:  # the first byte of a request after an idle keep-alive connection
                 self._arm_phase(self.limits.header_timeout_s)
-            end = data.find(_END_OF_HEADERS)
-            self._header_bytes += len(data) if end < 0 else end + len(_END_OF_HEADERS)
+            # The block's end may be split across reads: look for it from the last 3 bytes of the previous read.
+            seen = self._header_tail + data
+            end = seen.find(_END_OF_HEADERS)
+            self._header_bytes += len(data) if end < 0 else end + len(_END_OF_HEADERS) - len(self._header_tail)
+            self._header_tail = seen[-(len(_END_OF_HEADERS) - 1):]
             if self._header_bytes > self.limits.max_header_bytes:
                 limit = self.limits.max_header_bytes
                 self._close_with(HeadersTooLarge(f"Request headers exceed the {limit}-byte limit"))
@@ -125,7 +129,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_phase()
         # Whatever arrives after the request's end is the next request's headers. Not at the response's end:
         # a response (a 413, say) can be complete while the client is still sending the body it refused.
-        self._in_headers, self._header_bytes = True, 0
+        self._in_headers, self._header_bytes, self._header_tail = True, 0, b""
         super().on_message_complete()
 
     # -- writes ------------------------------------------------------------------------------

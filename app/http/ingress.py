@@ -25,6 +25,7 @@ from app.http.gate import OPEN_PATHS, Capacity, Gate, Lifecycle
 from app.http.ingress_state import Backend, IngressState
 from app.http.metrics import Metrics
 from app.http.wire_json import error_response
+from app.openai.json_depth import MAX_DEPTH, too_deep_text
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,11 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
             return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
         if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader
             return error_response(err.__cause__)
+        if isinstance(err.__cause__, RecursionError):  # nested too deep for the parser itself
+            field = too_deep_text(getattr(request, "_body", b""))
+            return error_response(InvalidRequest(
+                f"'{field or 'body'}' is nested more than {MAX_DEPTH} levels deep; send a flatter structure",
+                param=field))
         fallback = InvalidRequest(str(err.detail)) if 400 <= err.status_code < 500 else ServiceError(str(err.detail))
         fallback.status = err.status_code  # keep the status; never turn a client error into a 500
         return error_response(fallback)

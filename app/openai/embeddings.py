@@ -13,11 +13,12 @@ import uuid
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from app.config.model import LimitsConfig
 from app.engine.interface import Embeddings, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.openai.json_depth import BoundedBody
 
 ID_PREFIX = "embd"  # vLLM's ServingEmbedding.request_id_prefix
 MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model's own size
@@ -34,7 +35,7 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 }
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(BoundedBody):
     """OpenAI's embeddings body (`input` a string, a list of strings, a list of token ids, or a list of token-id
     lists), with vLLM's `truncate_prompt_tokens` / `truncation_side`. Unknown fields are refused by name."""
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.chat import ChatCompletionRequest
+from app.openai.json_depth import BoundedBody
 
 # Accepted and without effect (docs/api.md).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
@@ -101,7 +102,7 @@ class TextConfig(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; no effect here
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(BoundedBody):
     model_config = ConfigDict(extra="allow")  # unknown fields are refused by name below
 
     model: str = Field(..., min_length=1)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.openai.json_depth import BoundedBody
 from app.openai.sampling_bounds import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_STOP_TOKEN_IDS,
@@ -48,7 +49,7 @@ UNSUPPORTED_PARAMETERS = (
 )
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(BoundedBody):
     # Unknown fields are collected, then refused by name in `_refuse_unknown`.
     model_config = ConfigDict(extra="allow")
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from app.openai.json_depth import BoundedBody
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(BoundedBody):
     """vLLM's /tokenize body: exactly one of a prompt or chat messages."""
 
     model_config = ConfigDict(extra="forbid")
@@ -16,7 +18,7 @@ class TokenizeRequest(BaseModel):
     messages: list[dict[str, Any]] | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(BoundedBody):
     """vLLM's /detokenize body."""
 
     model_config = ConfigDict(extra="forbid")

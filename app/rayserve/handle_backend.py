@@ -19,7 +19,6 @@ continues on another replica: each unfinished choice resumes from the tokens it 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -41,8 +40,9 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
-from app.errors import QueueFull, ServiceError, ServiceUnavailable
+from app.errors import EngineWedged, NeverInTime, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.stats import ReplicaStats
+from app.rayserve.merged_streams import merged
 from app.rayserve.migration import Continuation
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def _name(request: GenerateRequest) -> str:
 def _worth_another_replica(err: BaseException) -> bool:
     """Refusals (already `translate`d: a dead replica is a ServiceUnavailable) that say something about the
     replica, not the request: another replica may take it."""
-    return isinstance(err, (QueueFull, ServiceUnavailable))
+    return isinstance(err, (QueueFull, ServiceUnavailable)) and not isinstance(err, NeverInTime)
 
 
 def translate(err: BaseException) -> BaseException:
@@ -104,47 +104,6 @@ class _Lost(Exception):
         self.error, self.replica = error, replica
 
 
-async def _merged(streams: list[AsyncGenerator[Any, None]]) -> AsyncGenerator[Any, None]:
-    """The items of several streams as they come; the first failure ends all of them."""
-    if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for item in only:
-                yield item
-        return
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    done = object()
-
-    async def pump(stream: AsyncGenerator[Any, None]) -> None:
-        try:
-            async with aclosing(stream):
-                async for item in stream:
-                    await queue.put(item)
-            await queue.put(done)
-        except Exception as err:
-            await queue.put(_Raised(err))
-
-    tasks = [asyncio.create_task(pump(s)) for s in streams]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is done:
-                running -= 1
-            elif isinstance(item, _Raised):
-                raise item.error
-            else:
-                yield item
-    finally:
-        for t in tasks:
-            t.cancel()  # each pump's stream closes, cancelling its remote call
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@dataclass(frozen=True)
-class _Raised:
-    error: Exception
-
-
 class HandleBackend:
     """`EngineHost`'s interface, reached through a Ray Serve handle to an `EngineReplica`."""
 
@@ -166,6 +125,8 @@ class HandleBackend:
                     passed = progress.observe(item)
                     if passed is not None:
                         yield passed
+                    if progress.all_finished():  # a stop string matched here: the engine may still be going
+                        return
             return
         except _Lost as lost:
             failure = lost
@@ -177,8 +138,8 @@ class HandleBackend:
             raise ServiceUnavailable(f"{failure.error} (this request cannot continue on another replica: {why_not})",
                                      retry_after_s=failure.error.retry_after_s) from None
         streams = [self._resumed(progress, i, started, failure) for i in progress.unfinished()]
-        async with aclosing(_merged(streams)) as merged:
-            async for item in merged:
+        async with aclosing(merged(streams)) as choices:
+            async for item in choices:
                 yield item
 
     async def _resumed(self, progress: Continuation, index: int, started: float,
@@ -190,11 +151,11 @@ class HandleBackend:
             remaining_s = request.timeout_s - (time.monotonic() - started)
             done = len(progress.choices[index].token_ids)
             if remaining_s <= 0:
-                break
+                raise RequestTimeout(f"The request ran past its time limit ({request.timeout_s:g} s) while it was "
+                                     f"moving to another replica after: {failure.error}")
             if done >= request.params.max_tokens:  # lost between its last token and the finish
-                progress.choices[index].finished = True
-                end = ChoiceDelta(index=index, text="", num_tokens=0, finish_reason="length")
-                yield GenerationDelta(choices=(end,))
+                end = ChoiceDelta(index=0, text="", num_tokens=0, finish_reason="length")
+                yield progress.observe(GenerationDelta(choices=(end,)), index=index)  # with any text held back
                 return
             self.migrated["resumed"] += 1
             try:
@@ -207,6 +168,8 @@ class HandleBackend:
                         passed = progress.observe(item, index=index)
                         if passed is not None:
                             yield passed
+                        if progress.finished(index):
+                            return
                 return
             except _Lost as lost:
                 failure = lost
@@ -243,6 +206,8 @@ class HandleBackend:
                 if answered or last or not _worth_another_replica(error):
                     raise error from None
                 avoid += (refused_by,) if refused_by else ()
+                if isinstance(error, EngineWedged):  # not sent on unchanged: it may be what was slow
+                    request = replace(request, after_wedge=True)
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)

@@ -5,34 +5,46 @@ request ends its stream with a retryable 503 (`ServiceUnavailable`) after the cl
 part of the answer. `Continuation` watches the stream on its way to the client and keeps, per choice, the
 token ids already generated (the engine is asked for them: `return_token_ids`) and whether the choice has
 finished; from that it makes the requests that resume each unfinished choice elsewhere: the prompt's token ids
-plus that choice's, `max_tokens` less what was generated, the same sampling parameters and seed, one choice
-each (`resume`). What it passes on (`observe`) is the stream the client would have had from one replica: one
-`Admitted` (the first replica's prompt count; usage counts the prompt once), the resumed choices under their
-own indices, completion tokens as generated overall.
+plus that choice's, `max_tokens` less what was generated, the same sampling parameters, choice i's seed
+(vLLM samples choice i with `seed + i`), one choice each (`resume`). What it passes on (`observe`) is the
+stream the client would have had from one replica: one `Admitted` (the first replica's prompt count; usage
+counts the prompt once), the resumed choices under their own indices, completion tokens as generated overall.
 
-Usage contract (`rayserve.handle_backend.HandleBackend`): `for_engine()` is the first request to send; every item that
-comes back goes through `observe` (None: swallow it); after a mid-stream failure, `unresumable()` says why the
-request cannot move (then it ends with the retryable error), else `resume(i, timeout_s)` for each index of
-`unfinished()`, whose streams go through `observe(item, index=i)`.
+Stop strings are matched here, at the layer that holds every token's text (app/engine/stop_strings.py): an
+engine holding back the text that may start a stop string would lose it with the replica, and a stop string
+spanning the cut would never match on the next one. The engine is asked to stop on them with
+`include_stop_str_in_output` (so it holds nothing back and still ends the choice itself); where that would add
+a stop token's text to the output (`stop_token_ids`, special tokens kept) it is not given them at all and the
+stream is closed here when one matches.
+
+Usage contract (`rayserve.handle_backend.HandleBackend`): `for_engine()` is the first request to send; every item
+that comes back goes through `observe` (None: swallow it); once `finished(i)` (or `all_finished()`) the stream
+may be closed; after a mid-stream failure, `unresumable()` says why the request cannot move (then it ends with
+the retryable error), else `resume(i, timeout_s)` for each index of `unfinished()`, whose streams go through
+`observe(item, index=i)`.
 
 A greedy choice continues exactly as it would have (the continuation's prefill computes the same tokens, up to
-CPU float rounding; docs/architecture.md); a sampled one continues as a fresh sample of the same distribution
-(the seed restarts its generator). Not resumable: structured outputs and forced tool calls (the grammar's state
-is the replica's), `tool_choice: "auto"` (the tool-call parser's state is the replica's); `presence_penalty` and
-`frequency_penalty` then count only the tokens generated after the resume (vLLM counts them over the output).
+CPU float rounding; docs/architecture.md); a seeded choice that had no token yet, exactly too; a sampled one
+with tokens continues as a fresh sample of the same distribution (its generator restarts from the seed). Not
+resumable: structured outputs and forced tool calls (the grammar's state is the replica's), `tool_choice:
+"auto"` (the tool-call parser's state is the replica's). Counted over the tokens after the resume only:
+`presence_penalty` and `frequency_penalty` (vLLM counts them over the output), and a `bad_words` entry begun
+before the cut.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
+from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, GenerationParams, PromptInput
+from app.engine.stop_strings import StopStrings
 
 
 @dataclass
 class _Choice:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
+    stops: StopStrings | None = None  # the client's stop strings, when matched here
 
 
 class Continuation:
@@ -42,12 +54,30 @@ class Continuation:
         self.request = request
         self.prompt_ids: tuple[int, ...] | None = None
         self.admitted: Admitted | None = None
-        self.choices = [_Choice() for _ in range(request.params.n)]
+        p = request.params
+        matched_here = bool(p.stop) and self._grammar_free()
+        self.choices = [_Choice(stops=StopStrings(p.stop, p.include_stop_str_in_output, p.min_tokens)
+                                if matched_here else None) for _ in range(p.n)]
         self.resumes = 0  # continuation requests made so far
 
+    def _grammar_free(self) -> bool:
+        p = self.request.params
+        return p.json_schema is None and not p.json_object and p.regex is None and p.choice is None and (
+            p.grammar is None) and p.auto_tools is None
+
+    def _engine_params(self, params: GenerationParams) -> GenerationParams:
+        """`params` as an engine is asked them: the token ids a resume needs; the stop strings as the module
+        docstring says."""
+        params = replace(params, return_token_ids=True)
+        if self.choices[0].stops is None:
+            return params
+        if params.stop_token_ids or not params.skip_special_tokens:
+            return replace(params, stop=())  # a stop token's text would be kept: match here only
+        return replace(params, include_stop_str_in_output=True)
+
     def for_engine(self) -> GenerateRequest:
-        """The request as first sent: asking for the token ids that a resume needs."""
-        return replace(self.request, params=replace(self.request.params, return_token_ids=True))
+        """The request as first sent."""
+        return replace(self.request, params=self._engine_params(self.request.params))
 
     @property
     def started(self) -> bool:
@@ -56,7 +86,8 @@ class Continuation:
 
     def observe(self, item: object, index: int | None = None) -> object | None:
         """`item` as the client's stream carries it, or None when it must not reach the client (a resumed
-        stream's own `Admitted`). `index`: the choice a resumed (single-choice) stream continues."""
+        stream's own `Admitted`; what a choice finished here still makes). `index`: the choice a resumed
+        (single-choice) stream continues."""
         if isinstance(item, Admitted):
             if self.admitted is not None:
                 return None
@@ -66,7 +97,10 @@ class Continuation:
             return item
         if self.prompt_ids is None and item.prompt_token_ids is not None and index is None:
             self.prompt_ids = item.prompt_token_ids
-        choices = tuple(self._absorb(c if index is None else replace(c, index=index)) for c in item.choices)
+        live = [c if index is None else replace(c, index=index) for c in item.choices]
+        choices = tuple(self._absorb(c) for c in live if not self.choices[c.index].finished)
+        if not choices and item.choices:
+            return None
         client_wants_ids = self.request.params.return_token_ids
         return replace(
             item,
@@ -79,9 +113,24 @@ class Continuation:
     def _absorb(self, c: ChoiceDelta) -> ChoiceDelta:
         state = self.choices[c.index]
         state.token_ids.extend(c.token_ids or ())
+        if state.stops is not None:
+            engine_stopped_on_string = c.finish_reason == "stop" and isinstance(c.stop_reason, str)
+            matched = state.stops.add(c.text, c.num_tokens)
+            if matched is None and engine_stopped_on_string:
+                matched = str(c.stop_reason)
+                state.stops.ended_by(matched)
+            finish = "stop" if matched is not None else c.finish_reason
+            c = replace(c, text=state.stops.release(finish is not None), finish_reason=finish,
+                        stop_reason=matched if matched is not None else c.stop_reason)
         if c.finish_reason is not None:
             state.finished = True
         return c
+
+    def finished(self, index: int) -> bool:
+        return self.choices[index].finished
+
+    def all_finished(self) -> bool:
+        return all(c.finished for c in self.choices)
 
     def unfinished(self) -> list[int]:
         return [i for i, c in enumerate(self.choices) if not c.finished]
@@ -100,18 +149,20 @@ class Continuation:
 
     def resume(self, index: int, timeout_s: float) -> GenerateRequest:
         """The request that finishes choice `index`: the prompt's ids and the choice's own as its prompt (or the
-        original prompt when nothing was generated yet), the tokens still allowed, one choice. A default
-        `max_tokens` stays a default: the replica shrinks it to the context left, as the first one did."""
+        original prompt when nothing was generated yet), the tokens still allowed, one choice with choice
+        `index`'s seed. A default `max_tokens` stays a default: the replica shrinks it to the context left, as
+        the first one did (and ends the choice at once when none is left)."""
         self.resumes += 1
         p, done = self.request.params, self.choices[index].token_ids
         prompt = (PromptInput(token_ids=(*self.prompt_ids, *done)) if self.prompt_ids is not None
                   else self.request.prompt)
         params = replace(
-            p,
+            self._engine_params(p),
             n=1,
+            seed=None if p.seed is None else p.seed + index,
             max_tokens=p.max_tokens - len(done),
             min_tokens=max(0, p.min_tokens - len(done)),
-            return_token_ids=True,
+            prompt_logprobs=None,  # the client had the prompt's from the first replica
         )
         return replace(
             self.request,

@@ -258,6 +258,22 @@ def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_0
         Hostile("nested-json-schema-65", CHAT, schema(json.loads(_nested(65, '{"items":', "}", "{}")), "deep"),
                 param="response_format"),
         Hostile("nested-tokenize-messages", "/tokenize", raw_content(_nested(10_000, "[", "]", "")), param=ANY_PARAM),
+        # nested deep enough to break what serializes them (a size check's json.dumps, Ray's pickling), not the parser
+        Hostile("nested-template-kwargs-960", CHAT, raw_chat(b'"chat_template_kwargs":{"a":'
+                                                             + _nested(960, '{"a":', "}", "1").encode() + b"}"),
+                param="chat_template_kwargs"),
+        Hostile("nested-template-kwargs-450", CHAT, raw_chat(b'"chat_template_kwargs":{"a":'
+                                                             + _nested(450, "[", "]", "1").encode() + b"}"),
+                param="chat_template_kwargs"),
+        Hostile("nested-structured-outputs-json-960", CHAT,
+                raw_chat(b'"structured_outputs":{"json":' + _nested(960, '{"a":', "}", "{}").encode() + b"}"),
+                param="structured_outputs"),
+        Hostile("nested-tool-call-arguments-450", CHAT, as_json({"model": model, "max_tokens": 4, "messages": [
+            user_hi, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "f", "arguments": json.loads(_nested(450, '{"a":', "}", "1"))}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}), param="messages"),
+        Hostile("nested-responses-metadata-450", "/v1/responses", as_json({"model": model, "input": "Hi",
+                "max_output_tokens": 4, "metadata": json.loads(_nested(450, '{"a":', "}", "1"))}), param="metadata"),
         # -- names and strings --
         Hostile("model-10k-chars", CHAT, as_json(small_chat("m" * 10_000)), statuses=(404,), param="model"),
         Hostile("model-empty", CHAT, as_json(small_chat("")), statuses=(400, 404), param="model"),

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from app.engine.fake import FakeEngine
-from app.errors import OverTimeTarget, QueueFull
+from app.errors import NeverInTime, OverTimeTarget, QueueFull
 from app.host.admission import Admission, Targets
 from app.host.pace import EnginePace
 from tests.support.fake_stack import Stack, chat_body, make_config
@@ -41,6 +41,34 @@ async def test_a_request_predicted_past_its_target_is_refused_at_arrival_with_th
     assert refused.value.retry_after_s == math.ceil(predicted - 2.0)
     assert admission.stats().refused_over_time_target == 1
     assert admission.stats().in_system == 1  # the refused one holds nothing
+
+
+async def test_retry_after_for_a_late_request_is_capped_at_a_minute():
+    """Issue 27: cold-start predictions of 273 s were sent as Retry-After: 273."""
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=600,
+                          pace=_paced(step_s=1.0))
+    running = admission.reserve()
+    await running.admit(1010, 600, prompt_tokens=10, max_steps=1000)
+    running.produced(1)  # 999 steps of 1 s left
+    late = admission.reserve()
+    with pytest.raises(OverTimeTarget) as refused:
+        await late.admit(20, 600, Targets(first_token_s=2.0), prompt_tokens=10, max_steps=10)
+    late.release()
+    assert admission.stats().predicted_first_token_s > 900
+    assert refused.value.retry_after_s == 60 and refused.value.headers()["Retry-After"] == "60"
+
+
+async def test_a_request_that_misses_its_target_even_alone_is_told_so_without_a_retry_after():
+    admission = Admission(max_running=2, max_queued=4, token_budget=10_000, queue_timeout_s=30,
+                          pace=_paced(step_s=1.0))
+    running = admission.reserve()
+    await running.admit(20, 30, prompt_tokens=10, max_steps=10)
+    hopeless = admission.reserve()
+    with pytest.raises(NeverInTime) as refused:  # 50 steps of 1 s can never end within 5 s
+        await hopeless.admit(60, 30, Targets(finish_s=5.0), prompt_tokens=10, max_steps=50)
+    hopeless.release()
+    assert refused.value.retry_after_s is None and "Retry-After" not in refused.value.headers()
+    assert "even with this replica to itself" in refused.value.message and refused.value.status == 429
 
 
 async def test_a_request_that_can_meet_its_target_waits_for_its_slot_and_gets_it():

@@ -251,3 +251,27 @@ async def test_a_body_still_arriving_after_its_413_is_not_taken_for_headers(list
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     assert head.startswith(b"HTTP/1.1 413"), head
     writer.close()
+
+
+async def test_a_large_request_whose_headers_end_across_two_reads_is_served_not_refused_431(listening, monkeypatch):
+    """Each read is handed over in two, cut inside the blank line that ends the headers: the 6 KB body that
+    follows is the body, not more header bytes over the 4 KB limit."""
+    from app.http.clocks import GuardedHttpToolsProtocol
+
+    whole = GuardedHttpToolsProtocol.data_received
+
+    def in_two(self, data: bytes) -> None:
+        cut = data.find(b"\r\n\r\n")
+        if cut < 0:
+            whole(self, data)
+        else:
+            whole(self, data[: cut + 3])
+            whole(self, data[cut + 3 :])
+
+    monkeypatch.setattr(GuardedHttpToolsProtocol, "data_received", in_two)
+    _, port = listening
+    body = chat_body(max_tokens=2)
+    body["messages"][0]["content"] = "x" * 6000
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text

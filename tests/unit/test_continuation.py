@@ -182,3 +182,56 @@ def test_migrations_are_counted_in_the_metrics_by_outcome():
     text = Metrics().render({}, {}, {"m": {"resumed": 3, "unresumable": 1}}).decode()
     assert 'app_requests_migrated_total{model_name="m",outcome="resumed"} 3.0' in text
     assert 'app_requests_migrated_total{model_name="m",outcome="unresumable"} 1.0' in text
+
+
+async def test_a_continuation_with_no_context_left_for_its_default_max_tokens_ends_at_once_with_length():
+    """The first replica shrank a default max_tokens to the context; lost after its last token, the resume has
+    nothing left to generate: it ends `length` instead of sending the engine a request for 0 tokens (a 400)."""
+    from dataclasses import replace
+
+    from app.config.service import ServiceConfig
+    from app.engine.fake import FakeEngine
+    from app.engine.interface import PromptInput
+    from app.host.engine_host import EngineHost
+    from tests.support.fake_stack import MAX_MODEL_LEN, make_config
+
+    host = EngineHost(make_config().models[0], FakeEngine(max_model_len=MAX_MODEL_LEN), ServiceConfig())
+    full = PromptInput(token_ids=tuple(range(1, MAX_MODEL_LEN + 1)))
+    request = replace(make_request(full, max_tokens=1000, max_tokens_is_default=True), continuation=True,
+                      resumed_tokens=40)
+    items = [item async for item in host.generate(request)]
+    assert isinstance(items[0], Admitted)
+    assert [(c.num_tokens, c.finish_reason) for d in items[1:] for c in d.choices] == [(0, "length")]
+
+
+async def test_a_request_whose_time_runs_out_while_it_moves_is_a_504_not_a_503():
+    request = make_request("hello", max_tokens=10, timeout_s=1e-9)  # spent by the time its replica is found dead
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
+    handle = StandInHandle(responses=[lost])
+    with pytest.raises(RequestTimeout) as raised:
+        await collect(HandleBackend(handle), request)
+    assert raised.value.status == 504 and len(handle.calls) == 1
+
+
+async def test_a_request_that_waited_on_a_wedged_engine_goes_to_the_next_replica_marked_to_be_given_time():
+    """Never a cascade: if the request was the slow one, the next replica's watch must not wedge on it too."""
+    from app.errors import EngineWedged
+
+    wedged = EngineWedged("the engine stopped serving while this request was in it (wedged); retry", retry_after_s=5)
+    handle = StandInHandle(responses=[StandInResponse([Refused(wedged, "r1")]),
+                                      StandInResponse([Admitted(3), delta(0, (1,), "length", first=True)])])
+    items = await collect(HandleBackend(handle), make_request("hello", max_tokens=1))
+    assert text_of(items) == "<1>"
+    (_, (first, _)), (_, (again, avoid)) = handle.calls
+    assert not first.after_wedge and again.after_wedge and avoid == ("r1",)
+
+
+async def test_a_request_that_misses_its_target_even_alone_is_not_tried_on_other_replicas():
+    from app.errors import NeverInTime
+
+    never = NeverInTime("This request's first token is predicted in 90.0 s even with this replica to itself")
+    handle = StandInHandle(responses=[StandInResponse([Refused(never, "r1")]),
+                                      StandInResponse([Admitted(3), delta(0, (1,), "length", first=True)])])
+    with pytest.raises(NeverInTime):
+        await collect(HandleBackend(handle), make_request("hello", max_tokens=1))
+    assert len(handle.calls) == 1  # rendering and tokenizing it again elsewhere would cost the same refusal

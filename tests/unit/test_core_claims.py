@@ -5,6 +5,10 @@ share a flock, in one process or two)."""
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +61,44 @@ def test_on_four_cores_the_second_engine_gets_the_three_left(tmp_path, on_cores)
     assert first_plan.compute_cores == (0, 1, 2)  # vLLM keeps the last core for the front end
     second_plan, _second = plan_own_cores(folder=tmp_path)
     assert second_plan.compute_cores == (3,)
+
+
+def test_the_claims_folder_is_this_user_s_own():
+    """Issue 27: one folder in /tmp for every local user, whose lock another user could hold for ever."""
+    from app.engine.cpu.claims import CLAIMS_DIR
+
+    assert str(os.getuid()) in CLAIMS_DIR.name or os.environ.get("APP_CORE_CLAIMS_DIR")
+
+
+def test_a_planning_lock_held_elsewhere_delays_an_engine_by_a_bounded_time_not_for_ever(tmp_path, on_cores,
+                                                                                         monkeypatch):
+    import fcntl
+
+    on_cores(2)
+    monkeypatch.setattr(core_claims, "PLANNING_WAIT_S", 0.2)
+    fd = os.open(tmp_path / ".planning", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process holds it and never lets go
+    lock_holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(fd,))
+    os.close(fd)
+    try:
+        plan, claim = plan_own_cores(folder=tmp_path)  # returns: the wait is bounded
+        assert plan.compute_cores and claim.cores == plan.compute_cores
+        claim.release()
+    finally:
+        lock_holder.kill()
+        lock_holder.wait()
+
+
+def test_a_folder_that_is_not_this_user_s_is_not_used(tmp_path, on_cores, monkeypatch):
+    on_cores(2)
+    real_stat = Path.stat
+
+    def owned_by_someone_else(self, *args, **kwargs):
+        st = real_stat(self, *args, **kwargs)
+        if self == tmp_path:
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, os.getuid() + 1, *tuple(st)[5:]))
+        return st
+
+    monkeypatch.setattr(Path, "stat", owned_by_someone_else)
+    plan, claim = plan_own_cores(folder=tmp_path)
+    assert plan.compute_cores and claim.cores == () and not (tmp_path / ".planning").exists()

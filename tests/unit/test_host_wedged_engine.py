@@ -23,7 +23,7 @@ from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
 from app.engine.processes import EngineProcesses
-from app.errors import ServiceUnavailable
+from app.errors import EngineWedged, ServiceUnavailable
 from app.host.engine_host import EngineHost
 from app.host.progress_watch import ProgressWatch
 from app.host.supervisor import RESTART_LIMIT
@@ -212,6 +212,15 @@ async def test_a_slow_engine_that_progresses_is_never_flagged():
     await host.check_health()
 
 
+async def test_an_engine_slower_than_100_tokens_per_s_is_not_declared_wedged_before_its_first_rate():
+    """Issue 27: before any rate was measured the watch assumed 100 prompt tokens/s, so an engine prefilling at
+    20 tokens/s (a 7B model on a few shared cores) was declared wedged part-way through a 60-token prompt."""
+    engine = SteppedEngine(prefill_tokens_per_s=20.0)
+    host = _host(engine)
+    first, tokens = await _run(host, 60, max_tokens=2)
+    assert first > 2.5 and tokens == 2 and host.supervisor.wedged_total == 0
+
+
 async def test_a_client_slower_than_the_engine_is_not_a_stall():
     """The engine has emitted all of a request's tokens; its reader takes longer than the bound to read them."""
     engine = SteppedEngine()
@@ -287,9 +296,9 @@ async def test_an_engine_stopped_while_prefilling_is_given_the_prefill_and_then_
     assert quiet > stall.bound_s  # not before: the prefill was given its time (and the margin)
     assert quiet < stall.bound_s + 2 * host.supervisor.watch.tick_s() + 0.5
     for first in firsts:
-        with pytest.raises(ServiceUnavailable) as ended:
+        with pytest.raises(EngineWedged) as ended:  # they were what the bound waited for: sent on with more time
             await first
-        assert ended.value.retry_after_s
+        assert ended.value.retry_after_s and ended.value.status == 503
 
 
 async def test_requests_queued_behind_a_wedged_engine_are_refused_retryable():

@@ -9,6 +9,10 @@ cores nobody claims (`core_plan.plan_cores(cores=..., explicit=True)`), and fall
 when every core is claimed. The kernel drops a claim when its holder exits, however it exits, so a killed replica
 leaves nothing to clean up. Pods (KubeRay) have a /tmp of their own and a cpuset: claims never cross them.
 
+The folder is the user's own (in `$XDG_RUNTIME_DIR`, else `/tmp/app-llm-serve-cores-<uid>`, mode 0700): another
+user's processes can neither see nor hold it. One not owned by this user is not used (the engine plans as if
+alone), and the planning lock is waited for `PLANNING_WAIT_S` at most: nothing stops an engine from starting.
+
     plan, claim = plan_own_cores(world_size)   # set plan.env before building the engine
     ...
     claim.release()                            # at engine shutdown (or the process's exit)
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +33,19 @@ from pathlib import Path
 from app.engine.cpu.core_plan import CorePlan, plan_cores
 from app.engine.cpu.facts import format_id_list
 
-CLAIMS_DIR = Path(os.environ.get("APP_CORE_CLAIMS_DIR", Path(tempfile.gettempdir()) / "app-llm-serve-cores"))
+log = logging.getLogger(__name__)
+PLANNING_WAIT_S = 10.0
+
+
+def _default_folder() -> Path:
+    if os.environ.get("APP_CORE_CLAIMS_DIR"):
+        return Path(os.environ["APP_CORE_CLAIMS_DIR"])
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = Path(runtime) if runtime and os.path.isdir(runtime) else Path(tempfile.gettempdir())
+    return base / f"app-llm-serve-cores-{os.getuid()}"
+
+
+CLAIMS_DIR = _default_folder()
 
 
 class CoreClaim:
@@ -49,13 +67,28 @@ class CoreClaims:
 
     @classmethod
     @contextlib.contextmanager
-    def planning(cls, folder: Path = CLAIMS_DIR) -> Iterator[CoreClaims]:
+    def planning(cls, folder: Path = CLAIMS_DIR) -> Iterator[CoreClaims | None]:
         """Held while one engine looks at the claims and makes its own: two engines starting at once would both
-        see every core free."""
-        folder.mkdir(parents=True, exist_ok=True)
+        see every core free. None: the folder is not this user's (module docstring)."""
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if folder.stat().st_uid != os.getuid():
+            log.warning("core claims folder %s belongs to another user: planning this engine's cores as if alone "
+                        "(set APP_CORE_CLAIMS_DIR to a folder of your own)", folder)
+            yield None
+            return
         fd = os.open(folder / ".planning", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            waited_until = time.monotonic() + PLANNING_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= waited_until:
+                        log.warning("core claims planning lock in %s held for over %.0f s: planning without it",
+                                    folder, PLANNING_WAIT_S)
+                        break
+                    time.sleep(0.05)
             yield cls(folder)
         finally:
             os.close(fd)
@@ -97,6 +130,8 @@ def plan_own_cores(world_size: int = 1, folder: Path = CLAIMS_DIR) -> tuple[Core
     VLLM_CPU_OMP_THREADS_BIND is honoured as it is. Returns the plan and this engine's claim on its compute cores."""
     with CoreClaims.planning(folder) as claims:
         plan = plan_cores(world_size=world_size)
+        if claims is None:
+            return plan, CoreClaim((), [])
         if plan.source in ("env", "nobind"):
             return plan, claims.claim(())
         taken = claims.held_elsewhere(plan.usable_cores)

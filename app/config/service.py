@@ -60,6 +60,13 @@ class ServiceConfig(StrictModel):
         description="Open connections per listening replica; beyond it a new connection is reset at "
         "once, before any parsing or buffering.",
     )
+    max_connections_per_peer: int = Field(
+        256,
+        ge=1,
+        description="Open connections one peer address may hold on a listening replica, so that one client "
+        "cannot take the whole table; beyond it its new connection is reset at once. Behind a proxy that does "
+        "not keep clients' addresses every client is one peer: raise it to max_connections there.",
+    )
     max_header_bytes: int = Field(
         16_384,
         ge=1024,

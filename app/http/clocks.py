@@ -23,6 +23,7 @@ The idle time between requests stays uvicorn's `timeout_keep_alive`.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -40,6 +41,7 @@ LATE_LOOP_GRACE_S = 0.1
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_connections: int
+    max_connections_per_peer: int
     header_timeout_s: float
     body_timeout_s: float
     write_stall_timeout_s: float
@@ -73,20 +75,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._header_tail = b""
         self._refused = False
+        self._peer = ""
         self._grace_given = False  # a phase's clock ran out with bytes unread, and waited a moment once
 
     @classmethod
     def protocol_class(cls, limits: ConnectionLimits) -> type[GuardedHttpToolsProtocol]:
-        return type("GuardedHttpToolsProtocolWithLimits", (cls,), {"limits": limits})
+        return type("GuardedHttpToolsProtocolWithLimits", (cls,), {"limits": limits, "peers": Counter()})
+
+    peers: Counter[str]  # open connections by peer address, per listener
 
     # -- connections -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        self._peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if (len(self.connections) >= self.limits.max_connections
+                or self.peers[self._peer] >= self.limits.max_connections_per_peer):
             self._refused = True  # reset at once: no parser state, no buffer, no task for it
             self.transport = transport
             transport.abort()
             return
+        self.peers[self._peer] += 1
         super().connection_made(transport)
         self._arm_phase(self.limits.header_timeout_s)
 
@@ -98,6 +107,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._watch = None
         if self._refused:
             return
+        self.peers[self._peer] -= 1
+        if not self.peers[self._peer]:
+            del self.peers[self._peer]
         super().connection_lost(exc)
 
     # -- requests ----------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class HttpListener:
         s = self._service
         limits = ConnectionLimits(
             max_connections=s.max_connections,
+            max_connections_per_peer=s.max_connections_per_peer,
             header_timeout_s=s.header_timeout_s,
             body_timeout_s=s.body_timeout_s,
             write_stall_timeout_s=s.write_stall_timeout_s,

@@ -25,7 +25,7 @@ from app.http import sse
 from app.http.client_targets import client_targets
 from app.http.ingress_state import state_of
 from app.http.metrics import RequestTimer
-from app.http.wire_json import JSONBody
+from app.http.wire_json import JSONBody, dumps_yielding
 from app.openai import completion_batch as batch_stream
 from app.openai import embeddings
 from app.openai.answers import Responder, StreamWriter
@@ -122,7 +122,8 @@ async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Respons
         if not timer.finished:
             timer.client_left(request.url.path)
         await stream.aclose()
-    return JSONBody(embeddings.response_body(engine_request.request_id, model.id, result, body.encoding_format))
+    payload = embeddings.response_body(engine_request.request_id, model.id, result, body.encoding_format)
+    return Response(await dumps_yielding(payload, "data"), media_type="application/json")
 
 
 async def _generate_unless_gone(

@@ -18,7 +18,7 @@ from tests.support.fake_stack import Stack, chat_body, make_config
 from tests.support.waiting import until
 
 CLOCKS = {"header_timeout_s": 0.5, "body_timeout_s": 0.5, "write_stall_timeout_s": 0.5, "max_connections": 8,
-          "keep_alive_timeout_s": 1, "max_header_bytes": 4096}
+          "max_connections_per_peer": 8, "keep_alive_timeout_s": 1, "max_header_bytes": 4096}
 
 
 def _free_port() -> int:
@@ -57,8 +57,11 @@ async def _listening(token_delay_s: float):
         await stack.aclose()
 
 
-async def _open(port: int, rcvbuf: int | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(port: int, rcvbuf: int | None = None, source: str = "") -> tuple[asyncio.StreamReader,
+                                                                             asyncio.StreamWriter]:
     sock = socket.socket()
+    if source:
+        sock.bind((source, 0))
     if rcvbuf:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: the window stays small
     sock.setblocking(False)
@@ -275,3 +278,38 @@ async def test_a_large_request_whose_headers_end_across_two_reads_is_served_not_
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
+
+
+async def test_one_peer_cannot_hold_every_connection(make_stack):
+    """Issue 27: one client held the whole table with keep-alive sockets. Past its share its new connections are
+    reset; another address still gets in (127.0.0.2 is loopback too)."""
+    config = make_config(service={**CLOCKS, "max_connections_per_peer": 3})
+    stack = make_stack(config=config)
+    port = _free_port()
+    listener = HttpListener(stack.app, "127.0.0.1", port, config.service)
+    listener.start()
+    try:
+        async def up() -> bool:  # probed from a third address, which holds nothing of the two under test
+            try:
+                _, writer = await _open(port, source="127.0.0.3")
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await until(up, timeout_s=10, interval_s=0.02, what="the listener accepting")
+        held = [await _open(port) for _ in range(3)]
+        for _, w in held:  # each answered once and kept open: the three are in the table
+            w.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        for r, _ in held:
+            assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200")
+        extra_reader, extra_writer = await _open(port)
+        assert await _closed_by_server(extra_reader, timeout_s=2) == b""  # reset, nothing parsed or answered
+        extra_writer.close()
+        other_reader, other_writer = await _open(port, source="127.0.0.2")
+        other_writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(other_reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200")
+        for _, w in [*held, (other_reader, other_writer)]:
+            w.close()
+    finally:
+        await listener.stop()

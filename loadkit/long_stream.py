@@ -1,10 +1,12 @@
-"""A long greedy stream through the real `openai` SDK, for the tests and the chaos driver that break a replica
-under it: its text, finish reason and usage, the longest wait between its chunks, or the error that broke it."""
+"""A long stream through the real `openai` SDK, for the tests and the chaos driver that break a replica under it:
+each choice's text, finish and stop reason, the usage, the longest wait between its chunks, or the error that
+broke it. `answer()` is what a client got, to compare with the same request run undisturbed (its twin)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import openai
 
@@ -14,19 +16,31 @@ LONG = {"messages": [{"role": "user", "content": "Tell me a long story about a l
 
 
 class LongStream(threading.Thread):
-    def __init__(self, base_url: str, api_key: str, model: str):
+    def __init__(self, base_url: str, api_key: str, model: str, **request: Any):
+        """`request`: the chat request's fields (LONG's by default; `ignore_eos` and any other vLLM field go in
+        `extra_body`)."""
         super().__init__(daemon=True)
         self.base_url, self.api_key, self.model = base_url, api_key, model
-        self.text, self.finish, self.usage, self.error, self.chunks = "", None, None, None, 0
+        self.request = request or {**LONG, "extra_body": {"ignore_eos": True}}
+        self.texts: dict[int, str] = {}
+        self.finishes: dict[int, tuple[str | None, Any]] = {}  # choice -> (finish_reason, stop_reason)
+        self.usage, self.error, self.chunks = None, None, 0
         self.longest_gap_s = 0.0  # the longest wait for a chunk, the first included
+
+    @property
+    def text(self) -> str:
+        return self.texts.get(0, "")
+
+    @property
+    def finish(self) -> str | None:
+        return self.finishes.get(0, (None, None))[0]
 
     def run(self) -> None:
         try:
             with openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key, max_retries=0,
                                timeout=300) as c:
                 stream = c.chat.completions.create(model=self.model, stream=True,
-                                                   stream_options={"include_usage": True},
-                                                   extra_body={"ignore_eos": True}, **LONG)
+                                                   stream_options={"include_usage": True}, **self.request)
                 last = time.monotonic()
                 for chunk in stream:
                     now = time.monotonic()
@@ -34,14 +48,21 @@ class LongStream(threading.Thread):
                     if chunk.usage is not None:
                         self.usage = chunk.usage
                     for choice in chunk.choices:
-                        self.text += choice.delta.content or ""
+                        self.texts[choice.index] = self.texts.get(choice.index, "") + (choice.delta.content or "")
                         self.chunks += 1
-                        self.finish = choice.finish_reason or self.finish
+                        if choice.finish_reason:
+                            stop = (choice.model_extra or {}).get("stop_reason")
+                            self.finishes[choice.index] = (choice.finish_reason, stop)
         except Exception as err:  # recorded and asserted on: a broken stream is the failure under test
             self.error = f"{type(err).__name__}: {err}"
 
+    def answer(self) -> tuple[Any, ...]:
+        """Every choice's text, finish and stop reason, and the completion tokens: what must equal the twin's."""
+        return (sorted(self.texts.items()), sorted(self.finishes.items()),
+                None if self.usage is None else self.usage.completion_tokens, self.error)
+
     def whole(self) -> str | None:
-        """Why this stream is not a whole answer (None: it is)."""
+        """Why this LONG stream is not a whole answer (None: it is)."""
         if self.error is not None:
             return self.error
         if self.finish != "length" or self.usage is None:

@@ -4,8 +4,7 @@ It is given an `Engine` (the fake one in tests, vLLM's in production: `rayserve.
 replica's `Admission`, and for each request: refuses at once if the queue is full (before any work), renders and
 counts the prompt, holds it to the length contract, waits for an engine slot, streams neutral deltas back (the
 `EngineRunner`), and aborts the engine request if the caller goes away, the request times out, or anything fails.
-Generation and embeddings share one admission path and one log line. The engine's lifecycle (loading, serving,
-broken, restarting in place) is the `EngineSupervisor`'s. No HTTP and no Ray here.
+Generation and embeddings share one admission path and one log line; the engine's lifecycle is the supervisor's.
 """
 
 from __future__ import annotations
@@ -114,10 +113,8 @@ class EngineHost:
         return self.admission.token_budget
 
     def _prefill_tokens_per_s(self) -> float | None:
-        pace = self.admission.pace
-        if pace is None or not pace.ready:
-            return None  # the watch's generous unmeasured rate
-        return pace.stats(self.admission.stats().running).prefill_tokens_per_s
+        pace = self.admission.pace  # not measured yet: None, the watch's slow unmeasured rate
+        return pace.stats(self.admission.stats().running).prefill_tokens_per_s if pace and pace.ready else None
 
     # -- the request path -------------------------------------------------
 
@@ -134,8 +131,8 @@ class EngineHost:
         prompt_ids = await self.prompts.tokenize(request.prompt)
         params = self.prompts.fit_to_context(len(prompt_ids), request)
         if params.max_tokens <= 0:  # a continuation whose default max_tokens used the whole context: it is done
-            yield Admitted(prompt_tokens=len(prompt_ids))
-            yield GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=0, finish_reason="length"),))
+            for item in (Admitted(len(prompt_ids)), GenerationDelta((ChoiceDelta(0, "", 0, finish_reason="length"),))):
+                yield item
             return
         # A continuation's client has had its first token (app/rayserve/migration.py).
         first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
@@ -272,6 +269,9 @@ class EngineHost:
         a = self.admission.stats()
         room = self.admission.max_running + self.admission.max_queued - a.in_system
         return {"serving": self.supervisor.serving, "room": room}
+
+    async def replica_stats(self) -> dict[str, ReplicaStats | None]:  # every replica of an in-process backend
+        return {"local": await self.stats()}
 
     async def stats(self) -> ReplicaStats:
         sup = self.supervisor

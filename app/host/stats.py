@@ -1,9 +1,11 @@
 """One replica's figures for /stats and /metrics, as they cross the Ray handle: the types of `host` that the HTTP
-front door reads."""
+front door reads, and `combined`, the single figure for several replicas."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
 
 from app.engine.interface import EngineStats
 from app.host.pace import PaceStats
@@ -37,3 +39,38 @@ class ReplicaStats:
     wedged_total: int = 0  # engines this replica declared wedged (no progress past the bound)
     restarts_total: int = 0  # in-place engine restarts completed
     restarting: bool = False
+
+
+_T = TypeVar("_T")
+
+
+def _summed(items: Sequence[_T]) -> _T:
+    """Counts and totals (ints) added up, shares (floats) averaged, the rest the first's."""
+    values: dict[str, Any] = {}
+    for f in fields(items[0]):  # type: ignore[arg-type]
+        column = [getattr(i, f.name) for i in items]
+        if all(isinstance(v, bool) for v in column):
+            continue
+        if all(isinstance(v, int) for v in column):
+            values[f.name] = sum(column)
+        elif all(isinstance(v, float) for v in column):
+            values[f.name] = sum(column) / len(column)
+    return replace(items[0], **values)  # type: ignore[type-var]
+
+
+def combined(replicas: Sequence[ReplicaStats]) -> ReplicaStats:
+    """Several replicas of one model as one figure: counts and totals summed, KV use averaged; healthy only when
+    every one is, ready when any is; the pace of the replica that has measured the most; the latest prediction
+    the longest."""
+    predictions = [r.admission.predicted_first_token_s for r in replicas
+                   if r.admission.predicted_first_token_s is not None]
+    return replace(
+        _summed(replicas),
+        ready=any(r.ready for r in replicas),
+        healthy=all(r.healthy for r in replicas),
+        restarting=any(r.restarting for r in replicas),
+        admission=replace(_summed([r.admission for r in replicas]),
+                          predicted_first_token_s=max(predictions) if predictions else None),
+        engine=_summed([r.engine for r in replicas]),
+        pace=max((r.pace for r in replicas), key=lambda p: p.samples),
+    )

@@ -76,9 +76,12 @@ class Metrics:
             registry=r,
         )
 
-    def render(self, replica_stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+    def render(self, replica_stats: Mapping[str, Mapping[str, ReplicaStats | None]],
+               retried: Mapping[str, Mapping[str, int]] | None = None,
                migrated: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
-        """`retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
+        """`replica_stats`: per model, every replica's figures by its id (None: it did not answer; it is reported
+        down), each series labelled with its `replica` (sum by model_name for the model's figure).
+        `retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
         (`HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
         their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`)."""
         return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
@@ -91,7 +94,8 @@ def _or_nan(value: float | None) -> float:
 class _Snapshot:
     """A one-off collector over stats already fetched from the engine replicas."""
 
-    def __init__(self, stats: dict[str, ReplicaStats], retried: Mapping[str, Mapping[str, int]] | None = None,
+    def __init__(self, stats: Mapping[str, Mapping[str, ReplicaStats | None]],
+                 retried: Mapping[str, Mapping[str, int]] | None = None,
                  migrated: Mapping[str, Mapping[str, int]] | None = None):
         self._stats = stats
         self._retried = retried or {}
@@ -159,15 +163,23 @@ class _Snapshot:
             ),
             "app_engine_restarts": ("Engines the replica restarted in place.", lambda s: s.restarts_total),
         }
+        up = GaugeMetricFamily("app_replica_up", "1 for an engine replica that answered this scrape, 0 for one that "
+                               "did not (stopped, or its event loop blocked).", labels=["model_name", "replica"])
+        for model, replicas in self._stats.items():
+            for replica, s in replicas.items():
+                up.add_metric([model, replica], 0 if s is None else 1)
+        yield up
+        answered = [(model, replica, s) for model, replicas in self._stats.items()
+                    for replica, s in replicas.items() if s is not None]
         for name, (doc, read) in gauges.items():
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            for model, s in self._stats.items():
-                family.add_metric([model], read(s))
+            family = GaugeMetricFamily(name, doc, labels=["model_name", "replica"])
+            for model, replica, s in answered:
+                family.add_metric([model, replica], read(s))
             yield family
         for name, (doc, read) in counters.items():
-            counter = CounterMetricFamily(name, doc, labels=["model_name"])
-            for model, s in self._stats.items():
-                counter.add_metric([model], read(s))
+            counter = CounterMetricFamily(name, doc, labels=["model_name", "replica"])
+            for model, replica, s in answered:
+                counter.add_metric([model, replica], read(s))
             yield counter
         yield _by_model_and(
             "app_requests_retried",

@@ -1,19 +1,22 @@
 """The operations routes: /livez, /health (readiness), /stats and /metrics.
 
 Probes and scrapes need no API key (`http.gate.OPEN_PATHS`) and never fail because one model's replica
-is busy or dead: each backend is asked with a timeout, and a failure counts as "not ready".
+is busy or dead: each backend is asked with a timeout, and a failure counts as "not ready". /stats and
+/metrics report every replica of each model (a replica that did not answer as such), and /stats the
+model's single figure beside them (`host.stats.combined`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from app.host.stats import ReplicaStats
+from app.host.stats import ReplicaStats, combined
 from app.http.ingress_state import Backend, state_of
 from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -35,20 +38,31 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok" if ok else "unavailable", "models": per_model}, status_code=200 if ok else 503)
 
 
+async def _every_replica(backends: Mapping[str, Backend]) -> dict[str, dict[str, ReplicaStats | None]]:
+    async def of(backend: Backend) -> dict[str, ReplicaStats | None]:
+        try:
+            return await asyncio.wait_for(backend.replica_stats(), timeout=2 * _PROBE_TIMEOUT_S)
+        except Exception:  # a model none of whose replicas answers must not break the rest
+            return {}
+
+    answers = await asyncio.gather(*(of(b) for b in backends.values()))
+    return dict(zip(backends.keys(), answers, strict=True))
+
+
 @router.get("/stats")
 async def stats(request: Request) -> dict[str, Any]:
-    return {model_id: asdict(await b.stats()) for model_id, b in state_of(request).backends.items()}
+    out: dict[str, Any] = {}
+    for model_id, replicas in (await _every_replica(state_of(request).backends)).items():
+        answered = [s for s in replicas.values() if s is not None]
+        model = asdict(combined(answered)) if answered else {"model": model_id, "ready": False, "healthy": False}
+        out[model_id] = {**model, "replicas": {r: None if s is None else asdict(s) for r, s in replicas.items()}}
+    return out
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus_metrics(request: Request) -> Response:
     state = state_of(request)
-    per_model: dict[str, ReplicaStats] = {}
-    for model_id, b in state.backends.items():
-        try:
-            per_model[model_id] = await asyncio.wait_for(b.stats(), timeout=_PROBE_TIMEOUT_S)
-        except Exception:  # a dead or busy replica must not break the scrape of everything else
-            pass
+    per_model = await _every_replica(state.backends)
     # Only the ingress tier retries and migrates (rayserve/handle_backend.py keeps the counts); an in-process host
     # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}

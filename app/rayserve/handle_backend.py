@@ -19,6 +19,7 @@ continues on another replica: each unfinished choice resumes from the tokens it 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -44,12 +45,14 @@ from app.errors import EngineWedged, NeverInTime, QueueFull, RequestTimeout, Ser
 from app.host.stats import ReplicaStats
 from app.rayserve.merged_streams import merged
 from app.rayserve.migration import Continuation
+from app.rayserve.request_router import Addressed, replica_ids
 
 log = logging.getLogger(__name__)
 _UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
 # Replicas one request may try before the client is told no. Three: with two replicas, both and one more
 # draw (a replacement may have come up); beyond that a refusal is the whole deployment's answer.
 ATTEMPTS = 3
+STATS_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -267,3 +270,23 @@ class HandleBackend:
     async def stats(self) -> ReplicaStats:
         stats: ReplicaStats = await self._call("stats")
         return stats
+
+    async def replica_stats(self) -> dict[str, ReplicaStats | None]:
+        """Every replica's figures, by Serve's replica id; None for one that did not answer within
+        `STATS_TIMEOUT_S` (stopped, or its loop blocked). Each call is addressed to its replica
+        (`request_router.Addressed`)."""
+        deployment = getattr(self._handle, "deployment_id", None)
+        ids = replica_ids(deployment)
+        if not ids:  # no call has made this process's router yet: one does, and it learns the replicas
+            await self.stats()
+            ids = replica_ids(deployment)
+
+        async def one(replica: str) -> tuple[str, ReplicaStats | None]:
+            try:
+                answered: tuple[str, ReplicaStats] = await asyncio.wait_for(
+                    self._handle.stats_of.remote(Addressed(replica)), STATS_TIMEOUT_S)
+                return answered
+            except Exception:
+                return replica, None
+
+        return dict(await asyncio.gather(*(one(r) for r in ids)))

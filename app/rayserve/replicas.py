@@ -35,6 +35,7 @@ from app.http.ingress import create_app
 from app.http.listener import HttpListener
 from app.logs import configure_logging
 from app.rayserve.handle_backend import HandleBackend, Refused
+from app.rayserve.request_router import Addressed
 
 log = logging.getLogger(__name__)
 # The Ray release whose replica code `_keep_replica_port_on_loopback` patches (ray.serve._private.replica).
@@ -167,6 +168,11 @@ class EngineReplica:
 
     async def stats(self) -> ReplicaStats:
         return await self.host.stats()
+
+    async def stats_of(self, target: Addressed) -> tuple[str, ReplicaStats]:
+        """This replica's figures for the ingress that asked every replica (`target` steers the router to it); with
+        its own id, in case the router could not send it where it was meant to go."""
+        return self._replica_id, await self.host.stats()
 
     def record_routing_stats(self) -> dict[str, int | bool]:
         """Serve's routing-stats hook, read by `ServingReplicaRouter`."""

@@ -12,11 +12,17 @@ queued below capacity), and falls back to all replicas when none qualifies (they
 themselves, honestly, instead of a request waiting in the router). Among its two, Serve's usual queue-length
 probe still picks. A request the ingress retries (handle_backend.py) names the replicas that refused it, and they
 are left out while any other remains. Built on Serve's public `RequestRouter` with its FIFO and locality mixins.
+
+The ingress also asks every replica for its figures (/metrics, /stats): a call whose first argument is an
+`Addressed` goes to that replica only, and `replica_ids` lists the replicas this process's router knows.
 """
 
 from __future__ import annotations
 
 import random
+import weakref
+from dataclasses import dataclass
+from typing import Any
 
 from ray.serve.request_router import FIFOMixin, LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -24,6 +30,29 @@ from ray.serve.request_router import FIFOMixin, LocalityMixin, PendingRequest, R
 # about this long plus one broadcast. The call is a dict of two fields: cheap at 1 s.
 ROUTING_STATS_PERIOD_S = 1.0
 ROUTING_STATS_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Addressed:
+    """The first argument of a call meant for one replica (its Serve id), whatever its load."""
+
+    replica_id: str
+
+
+_ROUTERS: weakref.WeakValueDictionary[Any, ServingReplicaRouter] = weakref.WeakValueDictionary()
+
+
+def replica_ids(deployment_id: Any) -> list[str]:
+    """The replicas of `deployment_id` (a Serve `DeploymentID`) known to a router in this process; [] before its
+    first call has made one."""
+    router = _ROUTERS.get(deployment_id)
+    return sorted(r.unique_id for r in router.curr_replicas) if router is not None else []
+
+
+def _addressed(pending_request: PendingRequest | None) -> str | None:
+    first: Any = pending_request.args[0] if pending_request is not None and pending_request.args else None
+    # By name: where Serve has pickled this module by value, its `Addressed` is a copy of the caller's class.
+    return str(first.replica_id) if type(first).__name__ == Addressed.__name__ else None
 
 
 def _serving(replica: RunningReplica) -> bool:
@@ -54,6 +83,13 @@ def pick_two(replicas: list[RunningReplica]) -> list[RunningReplica]:
 
 
 class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
+        # Imported here, not read as a global: Serve pickles this class by value, and a copy of the registry would
+        # be one `replica_ids` never sees.
+        from app.rayserve import request_router
+
+        request_router._ROUTERS[self._deployment_id] = self
+
     async def choose_replicas(
         self,
         candidate_replicas: list[RunningReplica],
@@ -61,6 +97,9 @@ class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
     ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        target = _addressed(pending_request)
+        if target is not None:  # that replica only; gone meanwhile: any, which answers with its own id
+            return [[r for r in candidate_replicas if r.replica_id.unique_id == target] or candidate_replicas]
         candidates = not_avoided(candidate_replicas, avoided(pending_request))
         local = set(self.apply_locality_routing(pending_request))  # same node first, as Serve's default does
         nearby = [r for r in candidates if r.replica_id in local and _serving(r)]

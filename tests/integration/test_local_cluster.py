@@ -314,21 +314,51 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
         assert s.whole() is None, s.whole()  # finish "length", usage counted over the whole answer
         assert s.usage.prompt_tokens == reference.usage.prompt_tokens  # the prompt once, not the continuation's
     assert moved, "no request was on the stopped engine: the test proved nothing about moving one"
+    # Operators see every replica: one scrape reports both, and the wedge on the one that had it.
+    metrics = httpx.get(f"{two_replicas.base_url}/metrics", timeout=60).text.splitlines()
+    up = {ln.split('replica="')[1].split('"')[0]: ln.endswith(" 1.0")
+          for ln in metrics if ln.startswith("app_replica_up{")}
+    assert len(up) == 2 and all(up.values()), up
+    wedges = {ln.split('replica="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])
+              for ln in metrics if ln.startswith("app_engine_wedged_total{")}
+    if replica_id == victim_id:  # restarted in place (a replacement replica starts its count afresh)
+        assert wedges.get(victim_id) == 1.0, wedges
+
+
+# Continued answers must be exactly the answer (issue 27): a stop string the fake engine meets past the 60th
+# token, spanning tokens (its text held back while it may be starting), and two seeded sampled choices.
+TWINS = {
+    "stop string": {**LONG, "stop": ["w61 w62", "never in it, but long: held back"],
+                    "extra_body": {"ignore_eos": True}},
+    "n 2 seeded": {**LONG, "n": 2, "temperature": 0.8, "seed": 5, "extra_body": {"ignore_eos": True}},
+}
 
 
 def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_fake_replicas: Deployment):
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
     would: Serve replaces the replica; its requests in flight continue on the other replica (app/rayserve/migration.py),
-    long greedy streams included, and new ones go there until the replacement is ready."""
+    long greedy streams included, and new ones go there until the replacement is ready. Streams with stop strings
+    and seeded n > 1 continued elsewhere give exactly the answer of the same request run undisturbed."""
     cluster = two_fake_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
     victim_id, victim_pid = next(iter(before.items()))
+    twins = {name: LongStream(two_fake_replicas.base_url, KEY, MODEL, **request) for name, request in TWINS.items()}
+    for twin in twins.values():
+        twin.start()
+    for twin in twins.values():
+        twin.join(timeout=300)
     with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the kill")
         streams = _streams_under_way(two_fake_replicas)
+        disturbed = [(name, LongStream(two_fake_replicas.base_url, KEY, MODEL, **TWINS[name]))
+                     for name in TWINS for _ in range(3)]
+        for _, s in disturbed:
+            s.start()
+        wait_until(lambda: all(s.chunks >= 3 for _, s in disturbed), timeout_s=300, interval_s=0.2,
+                   what="every twin-checked stream under way")
         killed_at = time.monotonic()
         psutil.Process(victim_pid).kill()
-        for s in streams:
+        for s in [*streams, *(s for _, s in disturbed)]:
             s.join(timeout=600)
         wait_until(lambda: victim_id not in {r.replica_id for r in cluster.replicas(DEPLOYMENT)}, timeout_s=120,
                    interval_s=1, what="the killed replica gone from Serve")
@@ -341,6 +371,10 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
     for s in streams:
         assert s.whole() is None, s.whole()
     assert resumed, "no request was on the killed replica: the test proved nothing about moving one"
+    assert twins["stop string"].finishes[0] == ("stop", "w61 w62")
+    assert len(set(twins["n 2 seeded"].texts.values())) == 2  # choice i sampled with seed + i
+    for name, s in disturbed:
+        assert s.answer() == twins[name].answer(), f"{name}: continued answer differs from its twin"
 
 
 RESUMED = "resumed on replica"  # the ingress's line for each choice continued on another replica

@@ -182,7 +182,7 @@ async def test_stats_and_metrics_show_the_measured_pace_and_the_refusals(stack):
     await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4), headers={"X-TTFT-Target-S": "0.5"})
     await occupant
     metrics = (await stack.client.get("/metrics")).text
-    assert 'app_refused_over_time_target_total{model_name="fake-model"} 1.0' in metrics
+    assert 'app_refused_over_time_target_total{model_name="fake-model",replica="local"} 1.0' in metrics
     assert "app_decode_seconds_per_token" in metrics and "app_predicted_time_to_first_token_seconds" in metrics
     replica = (await stack.client.get("/stats")).json()["fake-model"]
     assert replica["admission"]["refused_over_time_target"] == 1

@@ -9,11 +9,11 @@ from app.host.stats import AdmissionStats, ReplicaStats
 from app.http.metrics import Metrics, _Snapshot
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"
-STATS = {"m": ReplicaStats(
+STATS = {"m": {"r1": ReplicaStats(
     model="m", ready=True, healthy=True, kv_cache_tokens=1, engine=EngineStats(),
     admission=AdmissionStats(running=0, waiting=0, in_system=0, tokens_in_use=0, token_budget=1, peak_waiting=0,
                              refused_queue_full=0, refused_queue_timeout=0, refused_over_time_target=0,
-                             predicted_first_token_s=None))}
+                             predicted_first_token_s=None))}}
 
 
 def _exported_names() -> set[str]:
@@ -41,6 +41,6 @@ def test_every_dashboard_query_uses_an_exported_metric():
     assert used <= exported, f"not exported: {sorted(used - exported)}"
 
 
-def test_engine_snapshot_is_labelled_by_model():
+def test_engine_snapshot_is_labelled_by_model_and_replica():
     families = list(_Snapshot(STATS).collect())
-    assert families and all(s.labels == {"model_name": "m"} for f in families for s in f.samples)
+    assert families and all(s.labels == {"model_name": "m", "replica": "r1"} for f in families for s in f.samples)

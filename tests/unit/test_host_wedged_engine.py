@@ -273,8 +273,8 @@ async def test_a_stopped_engine_is_declared_wedged_within_the_bound_and_not_befo
     assert refused.value.retry_after_s
     stats = await host.stats()
     assert stats.wedged_total == 1 and stats.healthy is False
-    text = Metrics().render({MODEL_ID: stats}).decode()
-    assert f'app_engine_wedged_total{{model_name="{MODEL_ID}"}} 1.0' in text
+    text = Metrics().render({MODEL_ID: {"r1": stats}}).decode()
+    assert f'app_engine_wedged_total{{model_name="{MODEL_ID}",replica="r1"}} 1.0' in text
     assert host.admission.stats().in_system == 0  # every ticket released
 
 
@@ -365,7 +365,8 @@ async def test_dead_engine_is_restarted_in_place_and_serves_again():
     assert tokens == 5
     stats = await host.stats()
     assert (stats.restarts_total, stats.restarting, stats.healthy) == (1, False, True)
-    assert f'app_engine_restarts_total{{model_name="{MODEL_ID}"}} 1.0' in Metrics().render({MODEL_ID: stats}).decode()
+    text = Metrics().render({MODEL_ID: {"r1": stats}}).decode()
+    assert f'app_engine_restarts_total{{model_name="{MODEL_ID}",replica="r1"}} 1.0' in text
 
 
 async def test_wedged_engine_is_restarted_in_place():
@@ -501,8 +502,8 @@ async def test_over_http_a_wedged_stream_ends_with_an_error_event_and_the_restar
         served = await client.post("/v1/chat/completions", json=chat_body(max_tokens=4))
         assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 4
         metrics = (await client.get("/metrics")).text
-        assert f'app_engine_wedged_total{{model_name="{MODEL_ID}"}} 1.0' in metrics
-        assert f'app_engine_restarts_total{{model_name="{MODEL_ID}"}} 1.0' in metrics
+        assert f'app_engine_wedged_total{{model_name="{MODEL_ID}",replica="local"}} 1.0' in metrics
+        assert f'app_engine_restarts_total{{model_name="{MODEL_ID}",replica="local"}} 1.0' in metrics
 
 
 class ProcessEngine(SteppedEngine):

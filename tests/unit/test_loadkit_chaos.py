@@ -35,7 +35,9 @@ def test_a_round_passes_only_with_no_failure_no_broken_stream_and_capacity_back(
 
 
 def test_the_table_shows_each_figure_and_the_verdict():
-    assert row(GOOD) == "| worker node lost | 40 | 0 | 2 of 2 | 3 | 1 | 4.2 | 151 |"
+    assert row(GOOD) == "| worker node lost | 40 | 0 | 2 of 2 | 3 | 1 | 4.2 | 151 | 0 of 0 |"
+    twins = replace(GOOD, twins_same=("greedy", "stop string"), twins_differ=("seeded n 2",))
+    assert row(twins).endswith("| 2 of 3 (seeded n 2 differ) |")
     assert section([GOOD], ["facts"]).endswith("Verdict: every fault cost the clients nothing.")
     broken = replace(GOOD, failures=("InternalServerError: 503",))
     text = section([GOOD, broken], [])

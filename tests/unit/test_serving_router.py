@@ -80,3 +80,16 @@ def test_a_retried_request_leaves_out_the_replicas_that_refused_it_while_another
     assert _names(not_avoided([a, b, c], avoided(retried))) == {"c"}
     assert _names(not_avoided([a, b], avoided(retried))) == {"a", "b"}  # every one refused: all stay candidates
     assert avoided(_Pending(["request"])) == frozenset() and avoided(None) == frozenset()
+
+
+async def test_a_call_addressed_to_one_replica_goes_to_it_whatever_the_others_offer():
+    """/metrics asks every replica (issue 27): a call whose first argument is `Addressed` goes to that replica,
+    even one that cannot serve; to any when that replica has gone meanwhile (it answers with its own id)."""
+    from app.rayserve.request_router import Addressed, ServingReplicaRouter
+
+    a, b = _Replica("a", {"serving": True}), _Replica("b", {"serving": False})
+    for r in (a, b):
+        r.replica_id = _Id(r.name)  # type: ignore[attr-defined]
+    router = ServingReplicaRouter.__new__(ServingReplicaRouter)  # choose_replicas reads none of its state here
+    assert await router.choose_replicas([a, b], _Pending([Addressed("b")])) == [[b]]
+    assert await router.choose_replicas([a, b], _Pending([Addressed("gone")])) == [[a, b]]

@@ -58,6 +58,7 @@ class GenerationParams:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, with this many alternatives
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
+    generator_draws: int = 0  # a seeded choice resumed: its generator's draws so far (engine/vllm/generator_resume)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,8 @@ class GenerateRequest:
     # tighten the model's.
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
-    # A continuation (app/rayserve/migration.py), whose client has had its first token: its prompt's last
-    # `resumed_tokens` ids are output being resumed (against the context, not the prompt limit; no first-token target).
+    # A continuation (app/rayserve/migration.py): its prompt's last `resumed_tokens` ids are output being resumed
+    # (counted against the context, not the prompt limit; no first-token target).
     continuation: bool = False
     resumed_tokens: int = 0
     after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
@@ -162,8 +163,7 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A piece of one tool call in OpenAI's stream shape: the first piece of call `index` has its id and name,
-    later pieces only more argument text."""
+    """A piece of one tool call in OpenAI's stream: the first piece of call `index` has its id and name."""
 
     index: int
     arguments: str = ""

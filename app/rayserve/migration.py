@@ -24,8 +24,9 @@ the retryable error), else `resume(i, timeout_s)` for each index of `unfinished(
 `observe(item, index=i)`.
 
 A greedy choice continues exactly as it would have (the continuation's prefill computes the same tokens, up to
-CPU float rounding; docs/architecture.md); a seeded choice that had no token yet, exactly too; a sampled one
-with tokens continues as a fresh sample of the same distribution (its generator restarts from the seed). Not
+CPU float rounding; docs/architecture.md); a seeded sampled one too on a CPU engine, its generator advanced by
+the draws already made (app/engine/vllm/generator_resume.py); an unseeded one continues as a fresh sample of the
+same distribution. Not
 resumable: structured outputs and forced tool calls (the grammar's state is the replica's), `tool_choice:
 "auto"` (the tool-call parser's state is the replica's). Counted over the tokens after the resume only:
 `presence_penalty` and `frequency_penalty` (vLLM counts them over the output), and a `bad_words` entry begun
@@ -163,6 +164,7 @@ class Continuation:
             max_tokens=p.max_tokens - len(done),
             min_tokens=max(0, p.min_tokens - len(done)),
             prompt_logprobs=None,  # the client had the prompt's from the first replica
+            generator_draws=len(done) if p.seed is not None and p.temperature > 0 else 0,
         )
         return replace(
             self.request,

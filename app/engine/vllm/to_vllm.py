@@ -15,6 +15,7 @@ from app.engine.interface import (
     GenerationParams,
 )
 from app.engine.model_store import resolve_source
+from app.engine.vllm.generator_resume import DRAWS_KEY
 
 
 def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
@@ -77,4 +78,5 @@ def sampling_params(p: GenerationParams) -> SamplingParams:
         allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
         bad_words=list(p.bad_words) or None,
         prompt_logprobs=p.prompt_logprobs,
+        extra_args={DRAWS_KEY: p.generator_draws} if p.generator_draws else None,
     )

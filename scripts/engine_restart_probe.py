@@ -9,7 +9,11 @@ in-place restart costs. Prints, as it goes and as one JSON line at the end:
   ended, until the restart was done, and until the next successful generation.
 
     flock /tmp/realstack.lock .venv/bin/python scripts/engine_restart_probe.py [--config configs/cpu.yaml]
-        [--skip-busy] [--floor-s 30]
+        [--skip-busy] [--floor-s 30] [--competing-load]
+
+`--competing-load`: once the prefill rate is measured at idle, one busy process per CPU competes with the
+engine for the rest of the run (a CPU shared with other work): the engine is slower than any rate it measured,
+and must still never be declared wedged while it progresses (issue 27).
 
 It starts one vLLM engine at a time (about 25 s each here, three starts in all) and leaves no process behind.
 """
@@ -21,6 +25,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,7 +109,7 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
     ids = host.engine.encode(tokenizer_text)
     prompt_ids = (ids * (n_ctx // max(1, len(ids)) + 1))[: n_ctx - max_tokens - 1]
     text = host.engine.decode(prompt_ids)
-    while len(host.engine.encode(text)) > n_ctx - max_tokens - 1:
+    while len(host.engine.encode(text)) > n_ctx - max_tokens - 16:  # room for each request's own opening
         text = text[:-20]
     last_output = [time.monotonic()]
     longest_quiet = [0.0]
@@ -113,7 +118,8 @@ async def busy(host: EngineHost, tokenizer_text: str) -> dict[str, object]:
 
     async def one(i: int) -> int:
         tokens = 0
-        async for item in host.generate(request(text, max_tokens)):
+        # Each prompt opens differently: the prefix cache (blocks hashed from the first) cannot share their prefill.
+        async for item in host.generate(request(f"Request number {i}. {text}", max_tokens)):
             if not isinstance(item, Admitted):
                 now = time.monotonic()
                 if not tokens:
@@ -159,8 +165,8 @@ async def fault(host: EngineHost, sig: signal.Signals) -> dict[str, object]:
         os.kill(p.pid, sig)
     detected = None
     while host.supervisor.restarts_total == restarts:
-        if host._restart_failed or time.monotonic() - sent > 600:
-            raise RuntimeError(f"no restart: {host._restart_failed or 'not done in 600 s'}")
+        if host.supervisor.failure or time.monotonic() - sent > 600:
+            raise RuntimeError(f"no restart: {host.supervisor.failure or 'not done in 600 s'}")
         if detected is None and host.supervisor.wedged_total > wedged:
             detected = time.monotonic() - sent
         await asyncio.sleep(0.05)
@@ -199,12 +205,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     )
     say(f"engine up in {time.monotonic() - built:.1f} s")
     results: dict[str, object] = {"config": args.config, "floor_s": args.floor_s}
+    hogs: list[subprocess.Popen[bytes]] = []
     try:
         sample = "The quick brown fox jumps over the lazy dog near the riverbank at dawn. "
         for words in (8, 64, 256, 512, 900):  # one at a time, so the pace measures the prefill rate
             await generate_once(host, sample * (words // 14 + 1), max_tokens=4)
         results["prefill_tokens_per_s_measured"] = (await host.stats()).pace.prefill_tokens_per_s
         say("prefill rate measured:", results["prefill_tokens_per_s_measured"])
+        if args.competing_load:
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+            results["competing_processes"] = len(hogs)
+            say(f"{len(hogs)} busy process(es) now compete with the engine")
         if not args.skip_busy:
             results["busy"] = await busy(host, sample)
             say("busy:", results["busy"])
@@ -213,7 +224,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         results["sigstop"] = await fault(host, signal.SIGSTOP)
         say("sigstop:", results["sigstop"])
     finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
         await asyncio.to_thread(host.shutdown)
+        results["wedged_total"] = host.supervisor.wedged_total
     return results
 
 
@@ -222,6 +237,7 @@ def main() -> int:
     parser.add_argument("--config", default="configs/cpu.yaml")
     parser.add_argument("--floor-s", type=float, default=30.0)
     parser.add_argument("--skip-busy", action="store_true")
+    parser.add_argument("--competing-load", action="store_true")
     args = parser.parse_args()
     try:
         results = asyncio.run(main_async(args))

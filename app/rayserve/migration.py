@@ -56,15 +56,20 @@ class Continuation:
         self.prompt_ids: tuple[int, ...] | None = None
         self.admitted: Admitted | None = None
         p = request.params
-        matched_here = bool(p.stop) and self._grammar_free()
+        matched_here = bool(p.stop) and self._state_on_replica() is None
         self.choices = [_Choice(stops=StopStrings(p.stop, p.include_stop_str_in_output, p.min_tokens)
                                 if matched_here else None) for _ in range(p.n)]
         self.resumes = 0  # continuation requests made so far
 
-    def _grammar_free(self) -> bool:
+    def _state_on_replica(self) -> str | None:
+        """What of this request's state stays with its replica (a grammar, a tool-call parser), or None."""
         p = self.request.params
-        return p.json_schema is None and not p.json_object and p.regex is None and p.choice is None and (
-            p.grammar is None) and p.auto_tools is None
+        if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
+                p.grammar is not None):
+            return "its structured output's grammar state stays with the replica that failed"
+        if p.auto_tools is not None:
+            return "its tool-call parser's state stays with the replica that failed"
+        return None
 
     def _engine_params(self, params: GenerationParams) -> GenerationParams:
         """`params` as an engine is asked them: the token ids a resume needs; the stop strings as the module
@@ -138,12 +143,9 @@ class Continuation:
 
     def unresumable(self) -> str | None:
         """Why this request cannot continue on another replica, or None."""
-        p = self.request.params
-        if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
-                p.grammar is not None):
-            return "its structured output's grammar state stays with the replica that failed"
-        if p.auto_tools is not None:
-            return "its tool-call parser's state stays with the replica that failed"
+        on_replica = self._state_on_replica()
+        if on_replica is not None:
+            return on_replica
         if self.started and self.prompt_ids is None and any(c.token_ids for c in self.choices):
             return "the engine did not report the prompt's token ids"
         return None

@@ -33,8 +33,9 @@ class EngineConfig(StrictModel):
         description="Skip torch.compile/CUDA graphs. Keep true on CPU: the compiled CPU path was seen "
         "producing wrong text.",
     )
-    kv_cache_gib: int | None = Field(
-        2, ge=1, description="CPU only: KV cache size in whole GiB (sets VLLM_CPU_KVCACHE_SPACE)."
+    kv_cache_gib: float | None = Field(
+        2, gt=0, description="CPU only: KV cache size in GiB, fractions allowed (vLLM's kv_cache_memory_bytes; "
+        "0.25 holds about 11k tokens of SmolLM2-135M), for small machines and tests; null: vLLM sizes it.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included."
@@ -95,6 +96,13 @@ class DeploymentConfig(StrictModel):
         gt=0,
         description="Whole-request target, the same way (header X-Request-Target-S, or the openai SDK's "
         "timeout, may tighten it); null: none beyond the client's.",
+    )
+    routing: Literal["earliest_first_token", "power_of_two"] = Field(
+        "earliest_first_token",
+        description="How the ingress picks one of several replicas: `earliest_first_token` sends each request to "
+        "the replica predicted to give its first token soonest (its queue, and the prefill of what its prefix "
+        "cache does not hold; docs/routing.md), and refuses at once one that no replica can serve within "
+        "`ttft_target_s`; `power_of_two`: the less loaded of two random replicas (Ray Serve's default).",
     )
     health_check_period_s: float = Field(5.0, gt=0, description="How often Ray Serve checks that the engine is alive.")
     health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")

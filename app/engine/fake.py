@@ -13,6 +13,12 @@ L2-normalized as vLLM's pooler normalizes, every value a float32 (so base64's fl
 `token_delay_s` makes generation take time, so admission and cancellation can be
 tested; `kill()` makes it behave like a dead engine.
 
+A cost model for routing and scaling tests: a prefix cache of whole `block_tokens`-token blocks as vLLM's
+(at most `kv_cache_tokens` of them, least recently used evicted; `usage.prompt_tokens_details.cached_tokens`),
+prefill that takes `prefill_s_per_token` per uncached prompt token, one prompt at a time (an engine prefills in
+turn, so prompts queue behind each other), and decode steps of `token_delay_s` plus `decode_s_per_batch` per
+request running.
+
 Tests wait for what the engine does, never for a fixed time: `await engine.wait_started()`,
 `await engine.wait_running(n)` (n requests inside `generate` at once) and
 `await engine.wait_aborted(request_id)` (or a count) return as soon as that is true and raise
@@ -51,10 +57,11 @@ from app.engine.interface import (
     TokenLogprob,
     ToolCallDelta,
 )
+from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
 from app.engine.stop_strings import StopStrings
 from app.errors import InvalidRequest
 
-CACHE_BLOCK_TOKENS = 16  # vLLM's default block size: its prefix cache hits whole blocks
+CACHE_BLOCK_TOKENS = 16  # vLLM's default block size (its CPU backend's is 128): its prefix cache hits whole blocks
 
 
 def _steps_done(prompt_ids: list[int]) -> int:
@@ -72,7 +79,8 @@ def _steps_done(prompt_ids: list[int]) -> int:
 
 class FakeEngine(EngineWaits):
     def __init__(self, max_model_len: int = 2048, kv_cache_tokens: int = 100_000, token_delay_s: float = 0.0,
-                 matryoshka: bool | tuple[int, ...] = False):
+                 matryoshka: bool | tuple[int, ...] = False, block_tokens: int = CACHE_BLOCK_TOKENS,
+                 prefill_s_per_token: float = 0.0, decode_s_per_batch: float = 0.0):
         super().__init__()
         self.max_model_len = max_model_len
         self.matryoshka = matryoshka
@@ -85,7 +93,11 @@ class FakeEngine(EngineWaits):
         self.dead = False
         self._generated = 0
         self._cache_queries = self._cache_hits = 0
-        self._seen_prompts: list[tuple[int, ...]] = []  # the prefix cache it pretends to have (the latest prompts)
+        self.block_tokens = block_tokens
+        self.prefill_s_per_token = prefill_s_per_token
+        self.decode_s_per_batch = decode_s_per_batch
+        self._cache = BlockLRU(kv_cache_tokens // block_tokens)
+        self._prefill_lane: asyncio.Lock | None = None  # made on first use, in the loop that drives the engine
         self._prompted = 0
 
     def start(self) -> None:
@@ -98,6 +110,10 @@ class FakeEngine(EngineWaits):
     @property
     def kv_cache_tokens(self) -> int:
         return self._kv_cache_tokens
+
+    @property
+    def cache_block_tokens(self) -> int:
+        return self.block_tokens
 
     @property
     def max_token_chars(self) -> int:
@@ -124,10 +140,20 @@ class FakeEngine(EngineWaits):
         return bytes(t % 256 for t in token_ids).decode("utf-8", errors="replace")
 
     async def _step(self) -> None:
-        """One engine step's time (`token_delay_s`, or a yield to the loop), then dead if it was killed meanwhile."""
-        await asyncio.sleep(self.token_delay_s or 0)
+        """One engine step's time (`token_delay_s` and `decode_s_per_batch` per request running, or a yield to the
+        loop), then dead if it was killed meanwhile."""
+        await asyncio.sleep((self.token_delay_s + self.decode_s_per_batch * len(self.running)) or 0)
         if self.dead:
             raise EngineDead("fake engine died mid-request")
+
+    async def _prefill(self, uncached_tokens: int) -> None:
+        """The prompt's uncached tokens, prefilled in turn with every other prompt (the cost model's prefill)."""
+        if not self.prefill_s_per_token or not uncached_tokens:
+            return
+        if self._prefill_lane is None:
+            self._prefill_lane = asyncio.Lock()
+        async with self._prefill_lane:
+            await asyncio.sleep(self.prefill_s_per_token * uncached_tokens)
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
@@ -151,6 +177,7 @@ class FakeEngine(EngineWaits):
         cached = self._cached(tuple(prompt_token_ids))
         self._changed()
         try:
+            await self._prefill(len(prompt_token_ids) - cached)
             # A continuation (app/rayserve/migration.py) ends its prompt with this engine's ids: steps 0..k-1.
             first_step = _steps_done(prompt_token_ids)
             planned = replace(params, max_tokens=params.max_tokens + first_step,
@@ -241,18 +268,14 @@ class FakeEngine(EngineWaits):
             raise EngineDead("fake engine is dead")
 
     def _cached(self, prompt: tuple[int, ...]) -> int:
-        """As vLLM's prefix cache: whole blocks of `prompt` shared with an earlier prompt, never all of it (the
-        last token is always computed)."""
-        shared = 0
-        for seen in self._seen_prompts:
-            pairs = enumerate(zip(prompt, seen, strict=False))
-            n = next((k for k, (a, b) in pairs if a != b), min(len(prompt), len(seen)))
-            shared = max(shared, n)
-        hit = min(shared, len(prompt) - 1) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
-        self._seen_prompts = [*self._seen_prompts[-31:], prompt]
+        """As vLLM's prefix cache: the prompt's leading whole blocks already held, never all of it (the last
+        token is always computed); then the prompt's blocks are held, least recently used evicted."""
+        names = block_hashes(prompt, self.block_tokens)
+        hit = self._cache.match(names[:cacheable_blocks(len(prompt), self.block_tokens)], touch=True)
+        self._cache.add(names)
         self._cache_queries += len(prompt)
-        self._cache_hits += hit
-        return hit
+        self._cache_hits += hit * self.block_tokens
+        return hit * self.block_tokens
 
     def stats(self) -> EngineStats:
         return EngineStats(

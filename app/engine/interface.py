@@ -107,6 +107,7 @@ class GenerateRequest:
     continuation: bool = False
     resumed_tokens: int = 0
     after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
+    session_id: str = ""  # the client's X-Session-Id: a hint to the fleet router (app/routing/), never a pin
 
 
 @dataclass(frozen=True)
@@ -225,8 +226,7 @@ class EngineStats:
     prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter, tokens)
     prefix_cache_hits_total: int = 0  # ... and found there
     extra: dict[str, float] = field(default_factory=dict)
-    # How the engine was set up on this machine (decided at start): the dtype it computes in and why,
-    # and on a CPU the cores its workers compute on and the cores left to the front end.
+    # How the engine was set up here (at start): its dtype and why; on a CPU its workers' cores and the front end's.
     dtype: str = ""
     dtype_reason: str = ""
     compute_cores: tuple[int, ...] = ()
@@ -242,24 +242,24 @@ class EngineRejected(Exception):
 
 
 class EngineFailed(Exception):
-    """The engine ended one request without finishing it (vLLM's finish reason `abort` or `error`)
-    while the engine itself stays usable."""
+    """The engine ended one request without finishing it (vLLM's `abort` or `error`); the engine stays usable."""
 
 
 class Engine(Protocol):
-    """A text-generation (or embedding) engine owned by one replica.
-
-    Lifecycle: `start()` once (blocking, loads the model), then any number of
-    concurrent `generate` calls, then `shutdown()` once. A `generate` iterator
-    that is closed early must be followed by `abort(request_id)`; the host does
-    that in a `finally`.
-    """
+    """A text-generation (or embedding) engine owned by one replica. Lifecycle: `start()` once (blocking, loads the
+    model), then any number of concurrent `generate` calls, then `shutdown()` once. A `generate` iterator that is
+    closed early must be followed by `abort(request_id)`; the host does that in a `finally`."""
 
     def start(self) -> None: ...
 
     @property
     def kv_cache_tokens(self) -> int:
         """How many tokens the KV cache holds; known after `start()`."""
+        ...
+
+    @property
+    def cache_block_tokens(self) -> int:
+        """Tokens per block of the prefix cache (known after `start()`): it hits whole blocks only."""
         ...
 
     @property

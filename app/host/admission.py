@@ -54,14 +54,8 @@ class Ticket:
         self.queued_at = 0.0  # when it joined the queue (its targets count from just before)
         self._future: asyncio.Future[None] | None = None
 
-    async def admit(
-        self,
-        tokens: int,
-        timeout_s: float,
-        targets: Targets = NO_TARGETS,
-        prompt_tokens: int = 0,
-        max_steps: int = 0,
-    ) -> None:
+    async def admit(self, tokens: int, timeout_s: float, targets: Targets = NO_TARGETS, prompt_tokens: int = 0,
+                    max_steps: int = 0) -> None:
         """Waits for a slot for `tokens` (prompt + n * max_tokens) of the budget. With `targets`, the
         request (`prompt_tokens`, at most `max_steps` decode steps: its max_tokens) is refused at once with
         `OverTimeTarget` when the prediction misses them. `QueueTimeout` when the wait runs out."""
@@ -72,13 +66,9 @@ class Ticket:
         self._admission._produced(self, steps)
 
     def work(self, now: float) -> Work:
-        return Work(
-            prompt_tokens=self.prompt_tokens,
-            max_tokens=self.max_steps,
-            generated=self.steps,
-            started_s_ago=now - self.started if self.state == _RUNNING else 0.0,
-            first_output=self.last_output > 0,
-        )
+        return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,
+                    started_s_ago=now - self.started if self.state == _RUNNING else 0.0,
+                    first_output=self.last_output > 0)
 
     def release(self, completed: bool = False) -> None:
         """Gives the slot back. `completed`: it ran to its end, so its length teaches the pace how much of
@@ -88,15 +78,8 @@ class Ticket:
 
 
 class Admission:
-    def __init__(
-        self,
-        max_running: int,
-        max_queued: int,
-        token_budget: int,
-        queue_timeout_s: float,
-        refusal: type[QueueFull] = QueueFull,
-        pace: EnginePace | None = None,
-    ):
+    def __init__(self, max_running: int, max_queued: int, token_budget: int, queue_timeout_s: float,
+                 refusal: type[QueueFull] = QueueFull, pace: EnginePace | None = None):
         self.pace = pace
         self.max_running = max_running
         self.max_queued = max_queued
@@ -121,14 +104,24 @@ class Admission:
         """When a place frees up. With the engine's pace measured, the same predictor that sets `over_time_target`'s
         Retry-After: the predicted moment the first queued request starts (the earliest end among those running),
         which frees a place in the queue. Before that, the mean time in the engine times the queue's rounds."""
-        if self.pace is not None:
-            now = time.monotonic()
-            first_free = self.pace.predict(Work(prompt_tokens=1, max_tokens=1),
-                                           (t.work(now) for t in self._running_tickets), (), self.max_running)
-            if first_free is not None:
-                return min(60.0, max(1.0, first_free.start_s))
+        first_free = self._newcomer(behind_queue=False)
+        if first_free is not None:
+            return min(60.0, max(1.0, first_free.start_s))
         rounds = (len(self._waiting) + 1) / self.max_running
         return min(60.0, max(1.0, self._mean_run_s * rounds))
+
+    def predicted_wait_s(self) -> float | None:
+        """The first token of a newcomer with nothing to prefill, queued now (None: pace not measured); each prompt
+        token adds `pace.prefill_s_per_token()` (what the fleet router predicts with, app/routing/)."""
+        prediction = self._newcomer(behind_queue=True)
+        return None if prediction is None else prediction.first_token_s
+
+    def _newcomer(self, behind_queue: bool) -> Prediction | None:
+        if self.pace is None:
+            return None
+        now = time.monotonic()
+        return self.pace.predict(Work(prompt_tokens=0, max_tokens=1), (t.work(now) for t in self._running_tickets),
+                                 (t.work(now) for t in self._waiting) if behind_queue else (), self.max_running)
 
     def reserve(self) -> Ticket:
         self.refuse_if_full()

@@ -36,6 +36,7 @@ from app.host.admission import Admission, Targets, Ticket
 from app.host.pace import EnginePace, PaceStats
 from app.host.progress_watch import ProgressWatch
 from app.host.prompt_tokenizer import PromptTokenizer
+from app.host.replica_load import ReplicaLoad
 from app.host.runner import EngineRunner
 from app.host.stats import ReplicaStats
 from app.host.supervisor import EngineState, EngineSupervisor
@@ -43,10 +44,6 @@ from app.logs import configure_logging
 
 # The logger of the one line per engine request; its name predates this module's and log queries rely on it.
 log = logging.getLogger("app.server")
-
-
-def _ms_since(start: float) -> float:
-    return round((time.monotonic() - start) * 1000, 1)
 
 
 @dataclass
@@ -60,7 +57,7 @@ class _Visit:
     generated: int = 0
 
     def mark(self, name: str) -> None:
-        self.timings[name] = _ms_since(self.arrived)
+        self.timings[name] = round((time.monotonic() - self.arrived) * 1000, 1)
 
 
 class EngineHost:
@@ -256,19 +253,21 @@ class EngineHost:
         await self.supervisor.check_health()
         self.supervisor.require_serving()
 
-    def routing_stats(self) -> dict[str, int | bool]:
-        """What Serve's router is told of this replica (rayserve/request_router.py): whether it can serve now (a
-        wedge is looked for first, so a wedged engine stops getting traffic at once; a draining replica takes
-        nothing new), and how many more requests its admission would hold before refusing."""
+    def routing_stats(self) -> dict[str, Any]:
+        """What Serve's router is told of this replica (`ReplicaLoad`; rayserve/request_router.py): whether it can
+        serve now (a wedge is looked for first, so a wedged engine stops getting traffic at once; a draining replica
+        takes nothing new), how many more requests its admission would hold, and its predicted first token."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             pass  # not on the event loop the requests run on: the watch's own task looks within a tick
         else:
             self.supervisor.look_for_stall()
-        a = self.admission.stats()
-        room = self.admission.max_running + self.admission.max_queued - a.in_system
-        return {"serving": self.supervisor.serving, "room": room}
+        sup, a, pace = self.supervisor, self.admission, self.admission.pace
+        block, in_system = sup.engine.cache_block_tokens if sup.ready else 0, a.stats().in_system
+        return ReplicaLoad(sup.serving, a.max_running + a.max_queued - in_system, in_system, a.predicted_wait_s(),
+                           pace.prefill_s_per_token() if pace else None, block,
+                           sup.engine.kv_cache_tokens // block if block else 0).as_stats()
 
     async def replica_stats(self) -> dict[str, ReplicaStats | None]:  # every replica of an in-process backend
         return {"local": await self.stats()}

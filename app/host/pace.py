@@ -224,6 +224,11 @@ class EnginePace:
                                   finish_s=first * late + finish - first, model_first_token_s=first))
         return out
 
+    def prefill_s_per_token(self) -> float | None:
+        """Seconds each more prompt token to prefill adds to a first token (the fit's `b`, times the lateness)."""
+        coef = self._ttft.coef() if self.ready else None
+        return None if coef is None else float(coef[1]) * self.lateness()
+
     def stats(self, batch: int) -> PaceStats:
         coef = self._ttft.coef()
         batch = max(1, batch)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from app.config.model import ModelConfig
 from app.engine.interface import Engine, GenerateRequest, GenerationParams, PromptInput
+from app.engine.prompt_render import render_prompt, truncated
 from app.errors import ContextLengthExceeded, InvalidRequest, QueueFull
 
 _T = TypeVar("_T")
@@ -87,22 +88,7 @@ class PromptTokenizer:
 
     def _render(self, prompt: PromptInput) -> list[int]:
         try:
-            if prompt.messages is not None:
-                messages = list(prompt.messages)
-                template: dict[str, Any] = dict(prompt.template_kwargs)  # only what differs from the defaults
-                if not prompt.add_generation_prompt:
-                    template["add_generation_prompt"] = False
-                if prompt.continue_final_message:
-                    template["continue_final_message"] = True
-                ids = (
-                    self.engine.render_chat(messages, list(prompt.tools), **template)
-                    if prompt.tools
-                    else self.engine.render_chat(messages, **template)
-                )
-            elif prompt.text is not None:
-                ids = self.engine.encode(prompt.text)
-            else:
-                ids = list(prompt.token_ids or ())
+            ids = render_prompt(self.engine, prompt)
         except InvalidRequest:
             raise
         except Exception as err:  # e.g. a chat template that rejects the message order
@@ -111,27 +97,20 @@ class PromptTokenizer:
                 param=prompt_param(prompt),
             ) from None
         if prompt.truncate_to is not None:
-            ids = self._truncate(ids, prompt.truncate_to, prompt.truncation_side)
+            n_ctx = self.model.engine.max_model_len
+            if prompt.truncate_to > n_ctx:  # vLLM's refusal, with its message
+                raise InvalidRequest(
+                    f"truncate_prompt_tokens={prompt.truncate_to} cannot be greater than max_model_len = {n_ctx}. "
+                    "Please request a smaller truncation size.",
+                    param="truncate_prompt_tokens",
+                )
+            ids = truncated(ids, prompt.truncate_to, prompt.truncation_side, n_ctx)
         if not ids:
             raise InvalidRequest(
                 "the prompt is empty; send at least one token of text",
                 param=prompt_param(prompt),
             )
         return ids
-
-    def _truncate(self, ids: list[int], keep: int, side: str) -> list[int]:
-        """vLLM's truncate_prompt_tokens, with its refusal of a size over the context."""
-        n_ctx = self.model.engine.max_model_len
-        if keep > n_ctx:
-            raise InvalidRequest(
-                f"truncate_prompt_tokens={keep} cannot be greater than max_model_len = {n_ctx}. "
-                "Please request a smaller truncation size.",
-                param="truncate_prompt_tokens",
-            )
-        keep = n_ctx - 1 if keep == -1 else keep  # the context less one token for the output, as vLLM's -1
-        if len(ids) <= keep:
-            return ids
-        return ids[len(ids) - keep:] if side == "left" else ids[:keep]
 
     def refuse_dimensions(self, dimensions: int | None) -> None:
         """vLLM's checks of `dimensions` (PoolingParams.verify, with its messages), before any tokenizing."""

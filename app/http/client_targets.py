@@ -1,4 +1,4 @@
-"""A client's own latency targets, read from its request headers.
+"""A client's own latency targets, and its routing hint, read from its request headers.
 
 - `X-TTFT-Target-S`: seconds the client will wait for its first token; `X-Request-Target-S`: for the
   whole request. Each may only tighten the model's targets (`deployment.ttft_target_s`,
@@ -10,6 +10,9 @@
 
 A value that is not a positive number is a 400 naming the header; the SDK's own header is advisory and
 a bad one is ignored.
+
+`X-Session-Id` (`session_hint`): any string naming the client's conversation; the fleet router (app/routing/)
+takes it as a hint of where the conversation's history is cached, never as a pin.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from app.errors import InvalidRequest
 TTFT_HEADER = "x-ttft-target-s"
 REQUEST_HEADER = "x-request-target-s"
 SDK_TIMEOUT_HEADER = "x-stainless-read-timeout"
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_CHARS = 128  # longer ids are cut: the router keeps up to 10,000 of them
 
 
 @dataclass(frozen=True)
@@ -54,3 +59,7 @@ def client_targets(headers: Mapping[str, str], stream: bool) -> ClientTargets:
         first_token_s=tightest(_seconds(headers, TTFT_HEADER, strict=True), sdk if stream else None),
         finish_s=tightest(_seconds(headers, REQUEST_HEADER, strict=True), None if stream else sdk),
     )
+
+
+def session_hint(headers: Mapping[str, str]) -> str:
+    return headers.get(SESSION_HEADER, "")[:MAX_SESSION_CHARS]

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 if TYPE_CHECKING:
     from app.host.stats import ReplicaStats
+    from app.routing.fleet_router import FleetFigures, ReplicaRouting
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -78,13 +79,16 @@ class Metrics:
 
     def render(self, replica_stats: Mapping[str, Mapping[str, ReplicaStats | None]],
                retried: Mapping[str, Mapping[str, int]] | None = None,
-               migrated: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
+               migrated: Mapping[str, Mapping[str, int]] | None = None,
+               routing: Mapping[str, FleetFigures] | None = None) -> bytes:
         """`replica_stats`: per model, every replica's figures by its id (None: it did not answer; it is reported
         down), each series labelled with its `replica` (sum by model_name for the model's figure).
         `retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
         (`HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
-        their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`)."""
-        return generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
+        their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`); `routing`: per
+        fleet-routed model, its router's figures (app/routing/)."""
+        return (generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
+                + generate_latest(_Routing(routing or {})))
 
 
 def _or_nan(value: float | None) -> float:
@@ -195,6 +199,51 @@ class _Snapshot:
             "outcome",
             self._migrated,
         )
+
+
+class _Routing:
+    """The fleet router's figures (app/routing/fleet_router.py), per model and replica."""
+
+    _COUNTERS: dict[str, tuple[str, Callable[[ReplicaRouting], float]]] = {
+        "app_routed_requests": ("Requests the fleet router sent to the replica.", lambda f: f.routed),
+        "app_routed_predicted_cached_tokens": (
+            "Prompt tokens the router predicted the replica's prefix cache held (answered requests).",
+            lambda f: f.predicted_cached_tokens),
+        "app_routed_confirmed_cached_tokens": (
+            "Of those, the tokens the engine reported cached: the router's precision is confirmed / predicted.",
+            lambda f: f.confirmed_cached_tokens),
+        "app_routed_realized_cached_tokens": (
+            "Prompt tokens the engine reported cached, on the requests the router sent it.",
+            lambda f: f.realized_cached_tokens),
+        "app_routed_first_tokens": ("Routed requests whose first output came back.", lambda f: f.first_tokens),
+        "app_routed_predicted_first_token_seconds": (
+            "Their first tokens as the router predicted them, summed (seconds from sending).",
+            lambda f: f.predicted_first_token_s),
+        "app_routed_measured_first_token_seconds": (
+            "Their first tokens as they came, summed (seconds from sending).", lambda f: f.measured_first_token_s),
+    }
+
+    def __init__(self, routing: Mapping[str, FleetFigures]):
+        self._routing = routing
+
+    def collect(self) -> Iterable[Metric]:
+        for name, (doc, read) in self._COUNTERS.items():
+            counter = CounterMetricFamily(name, doc, labels=["model_name", "replica"])
+            for model, figures in self._routing.items():
+                for replica, f in figures.replicas.items():
+                    counter.add_metric([model, replica], read(f))
+            yield counter
+        refused = CounterMetricFamily("app_routing_refused_over_time_target", "Requests the fleet router refused "
+                                      "at once: even the soonest replica would miss the first-token target.",
+                                      labels=["model_name"])
+        decision = GaugeMetricFamily("app_routing_decision_p99_seconds", "The fleet router's decision time, 99th "
+                                     "percentile over its last 1,024 decisions (NaN: none yet).", labels=["model_name"])
+        for model, figures in self._routing.items():
+            refused.add_metric([model], figures.refused)
+            ms = figures.decision_p99_ms
+            decision.add_metric([model], float("nan") if ms is None else ms / 1000)
+        yield refused
+        yield decision
 
 
 def _by_model_and(name: str, doc: str, label: str, counts: Mapping[str, Mapping[str, int]]) -> CounterMetricFamily:

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.host.stats import ReplicaStats, combined
 from app.http.ingress_state import Backend, state_of
 from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.routing.fleet_router import FleetFigures
 
 router = APIRouter()
 _PROBE_TIMEOUT_S = 5
@@ -49,13 +50,23 @@ async def _every_replica(backends: Mapping[str, Backend]) -> dict[str, dict[str,
     return dict(zip(backends.keys(), answers, strict=True))
 
 
+def _routing(backends: Mapping[str, Backend]) -> dict[str, FleetFigures]:
+    """Each fleet-routed model's router figures (rayserve/handle_backend.py; app/routing/)."""
+    routers = {model_id: getattr(b, "routing", None) for model_id, b in backends.items()}
+    return {model_id: r.router.figures() for model_id, r in routers.items() if r is not None}
+
+
 @router.get("/stats")
 async def stats(request: Request) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for model_id, replicas in (await _every_replica(state_of(request).backends)).items():
+    backends = state_of(request).backends
+    routing = _routing(backends)
+    for model_id, replicas in (await _every_replica(backends)).items():
         answered = [s for s in replicas.values() if s is not None]
         model = asdict(combined(answered)) if answered else {"model": model_id, "ready": False, "healthy": False}
         out[model_id] = {**model, "replicas": {r: None if s is None else asdict(s) for r, s in replicas.items()}}
+        if model_id in routing:
+            out[model_id]["routing"] = routing[model_id].as_json()
     return out
 
 
@@ -67,7 +78,8 @@ async def prometheus_metrics(request: Request) -> Response:
     # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
     migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
-    return Response(state.metrics.render(per_model, retried, migrated), media_type=METRICS_CONTENT_TYPE)
+    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends)),
+                    media_type=METRICS_CONTENT_TYPE)
 
 
 async def _ready(backend: Backend) -> bool:

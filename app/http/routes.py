@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest
 from app.errors import InternalError, InvalidRequest, ServiceError, wrong_runner
 from app.http import sse
-from app.http.client_targets import client_targets
+from app.http.client_targets import client_targets, session_hint
 from app.http.ingress_state import state_of
 from app.http.metrics import RequestTimer
 from app.http.wire_json import JSONBody, dumps_yielding
@@ -159,6 +159,7 @@ async def _generate(
             trace_id=request.state.request_id,
             ttft_target_s=targets.first_token_s,
             finish_target_s=targets.finish_s,
+            session_id=session_hint(request.headers),
         )
         for i, prompt in enumerate(prompts)
     ]

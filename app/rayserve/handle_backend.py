@@ -11,6 +11,10 @@ wedged or draining) or dies under it: up to `ATTEMPTS` replicas, each told which
 (`rayserve/request_router.py` reads that), within the request's remaining time. The client hears the last
 refusal only when every attempt was refused.
 
+With fleet routing (`routing`: app/routing/), each attempt is ranked over the replicas first: the replica predicted
+to give the first token soonest (its queue, and the prefill of what its prefix cache does not hold) is offered first,
+and a request that even the soonest would serve later than its first-token target is refused here at once.
+
 A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped)
 continues on another replica: each unfinished choice resumes from the tokens it already had
 (app/rayserve/migration.py), up to `ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot
@@ -25,11 +29,9 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, cast
 
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.engine.interface import (
@@ -41,77 +43,32 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
-from app.errors import EngineWedged, NeverInTime, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
+from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.stats import ReplicaStats
+from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
 from app.rayserve.migration import Continuation
-from app.rayserve.request_router import Addressed, replica_ids
+from app.rayserve.request_router import Addressed, replica_ids, replica_loads
+from app.routing.fleet_router import Decision
+from app.routing.model_routing import ModelRouting
 
 log = logging.getLogger(__name__)
-_UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
 # Replicas one request may try before the client is told no. Three: with two replicas, both and one more
 # draw (a replacement may have come up); beyond that a refusal is the whole deployment's answer.
 ATTEMPTS = 3
 STATS_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
-    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests.
-    `replica`: the refusing replica's id, so a retry can avoid it."""
-
-    error: ServiceError
-    replica: str = ""
-
-
 def _name(request: GenerateRequest) -> str:
     return request.trace_id or request.request_id
-
-
-def _worth_another_replica(err: BaseException) -> bool:
-    """Refusals (already `translate`d: a dead replica is a ServiceUnavailable) that say something about the
-    replica, not the request: another replica may take it."""
-    return isinstance(err, (QueueFull, ServiceUnavailable)) and not isinstance(err, NeverInTime)
-
-
-def translate(err: BaseException) -> BaseException:
-    """Ray wraps what a replica raised; give the ingress the service's own error back."""
-    if isinstance(err, RayTaskError) and isinstance(err.cause, ServiceError):
-        return err.cause
-    if isinstance(err, ServiceError):
-        return err
-    if isinstance(err, BackPressureError):
-        return QueueFull("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
-    if isinstance(err, TaskCancelledError):  # the call was cancelled under us (replica stopping); not a server bug
-        return ServiceUnavailable("The request was cancelled by the serving layer; retry", retry_after_s=1)
-    if isinstance(err, _UNAVAILABLE):
-        return ServiceUnavailable(
-            "No engine replica is available for this model right now; retry shortly", retry_after_s=5
-        )
-    return err
-
-
-class _RefusedBy(Exception):
-    def __init__(self, refused: Refused):
-        super().__init__(refused.error)
-        self.refused = refused
-
-
-class _Lost(Exception):
-    """A stream that had answered ended with a retryable `ServiceUnavailable`: its replica or engine died,
-    wedged or was stopped under it. `replica`: that replica's id where known."""
-
-    def __init__(self, error: ServiceUnavailable, replica: str):
-        super().__init__(error)
-        self.error, self.replica = error, replica
 
 
 class HandleBackend:
     """`EngineHost`'s interface, reached through a Ray Serve handle to an `EngineReplica`."""
 
-    def __init__(self, handle: DeploymentHandle):
+    def __init__(self, handle: DeploymentHandle, routing: ModelRouting | None = None):
         self._handle = handle
+        self.routing = routing  # None: Serve's router draws two replicas (request_router.py)
         self._stream = handle.options(stream=True)
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
         self.migrated: Counter[str] = Counter()  # choices resumed elsewhere mid-answer, and requests that could not be
@@ -131,7 +88,7 @@ class HandleBackend:
                     if progress.all_finished():  # a stop string matched here: the engine may still be going
                         return
             return
-        except _Lost as lost:
+        except Lost as lost:
             failure = lost
         why_not = progress.unresumable()
         if why_not is not None:
@@ -146,7 +103,7 @@ class HandleBackend:
                 yield item
 
     async def _resumed(self, progress: Continuation, index: int, started: float,
-                       failure: _Lost) -> AsyncGenerator[Any, None]:
+                       failure: Lost) -> AsyncGenerator[Any, None]:
         """Choice `index` of `progress`'s request, continued on other replicas until it finishes (at most
         `ATTEMPTS` continuations, within the request's time)."""
         request = progress.request
@@ -174,39 +131,66 @@ class HandleBackend:
                         if progress.finished(index):
                             return
                 return
-            except _Lost as lost:
+            except Lost as lost:
                 failure = lost
         raise failure.error
 
+    async def _route(self, request: GenerateRequest, prompt_ids: list[int] | None,
+                     avoid: tuple[str, ...]) -> Decision | None:
+        """The fleet router's ranking for this attempt (None: no routing, or no replica known yet); raises its
+        refusal when even the soonest replica would miss the first-token target."""
+        if self.routing is None:
+            return None
+        loads = replica_loads(getattr(self._handle, "deployment_id", None))
+        decision = self.routing.decide(loads, prompt_ids, request, frozenset(avoid), request.session_id)
+        if decision is not None and decision.refusal is not None:
+            raise decision.refusal
+        return decision
+
+    async def _prompt_ids(self, request: GenerateRequest) -> list[int] | None:
+        """The prompt's token ids for the fleet router; not worked out when there is no choice to make."""
+        if self.routing is None or len(replica_ids(getattr(self._handle, "deployment_id", None))) < 2:
+            return None
+        return await self.routing.prompt_ids(request.prompt)
+
     async def _attempts(self, request: GenerateRequest, avoid_first: str = "") -> AsyncGenerator[Any, None]:
         """One engine stream, tried on up to `ATTEMPTS` replicas until one answers (module docstring). A stream
-        that fails retryably after answering raises `_Lost`."""
+        that fails retryably after answering raises `Lost`."""
         started = time.monotonic()
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
         replica = ""
+        prompt_ids = await self._prompt_ids(request)
         for attempt in range(1, ATTEMPTS + 1):
             remaining_s = request.timeout_s - (time.monotonic() - started)
             attempt_request = request if attempt == 1 else replace(request, timeout_s=remaining_s)
+            decision = await self._route(attempt_request, prompt_ids, avoid)
+            sent = time.monotonic()
             # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
-            call = self._stream.generate_remote.remote(attempt_request, avoid)
+            ranking = (decision.ranked,) if decision is not None else ()  # `prefer`, for the router only
+            call = self._stream.generate_remote.remote(attempt_request, avoid, *ranking)
             response = cast(DeploymentResponseGenerator[Any], call)
             answered = False
+            first_output = decision is None
             try:
                 async for item in response:
                     if isinstance(item, Refused):
-                        raise _RefusedBy(item)
+                        raise RefusedBy(item)
                     if isinstance(item, Admitted):
                         replica = item.replica
+                    elif not first_output and isinstance(item, GenerationDelta) and self.routing is not None:
+                        first_output = True
+                        self.routing.router.answered(cast(Decision, decision), replica, item.cached_tokens,
+                                                     time.monotonic() - sent)
                     answered = True
                     yield item
                 return
             except Exception as err:
-                refused_by = err.refused.replica if isinstance(err, _RefusedBy) else ""
-                error = translate(err.refused.error if isinstance(err, _RefusedBy) else err)
+                refused_by = err.refused.replica if isinstance(err, RefusedBy) else ""
+                error = translate(err.refused.error if isinstance(err, RefusedBy) else err)
                 if answered and isinstance(error, ServiceUnavailable):
-                    raise _Lost(error, refused_by or replica) from None
+                    raise Lost(error, refused_by or replica) from None
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
-                if answered or last or not _worth_another_replica(error):
+                if answered or last or not worth_another_replica(error):
                     raise error from None
                 avoid += (refused_by,) if refused_by else ()
                 if isinstance(error, EngineWedged):  # not sent on unchanged: it may be what was slow
@@ -215,6 +199,8 @@ class HandleBackend:
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)
             finally:
+                if not first_output and self.routing is not None:
+                    self.routing.router.ended(cast(Decision, decision))
                 try:
                     response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
                 except Exception:  # cancel() re-raises a failed assignment (BackPressureError), answered above
@@ -245,7 +231,7 @@ class HandleBackend:
                 return answer
             error = cast(Refused, answer).error
             last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
-            if last or not _worth_another_replica(error):
+            if last or not worth_another_replica(error):
                 raise error
             avoid += (answer.replica,) if answer.replica else ()
             self.retried[error.code or type(error).__name__] += 1

@@ -34,8 +34,10 @@ from app.host.stats import ReplicaStats
 from app.http.ingress import create_app
 from app.http.listener import HttpListener
 from app.logs import configure_logging
-from app.rayserve.handle_backend import HandleBackend, Refused
+from app.rayserve.handle_backend import HandleBackend
+from app.rayserve.handle_errors import Refused
 from app.rayserve.request_router import Addressed
+from app.routing.model_routing import ModelRouting
 
 log = logging.getLogger(__name__)
 # The Ray release whose replica code `_keep_replica_port_on_loopback` patches (ray.serve._private.replica).
@@ -119,6 +121,13 @@ def _this_replica_id() -> str:
         return ""
 
 
+def _routing(model: ModelConfig) -> ModelRouting | None:
+    """The fleet router for a model with several replicas (rendering its prompts needs its tokenizer here)."""
+    if model.deployment.routing != "earliest_first_token" or model.deployment.num_replicas < 2:
+        return None
+    return ModelRouting.for_model(model)
+
+
 def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:
     listener = HttpListener(api, service.host, service.port, service)
     listener.start()  # the constructor runs in the replica's event loop, where requests will run
@@ -137,9 +146,11 @@ class EngineReplica:
         self.host = EngineHost(model, make_engine(model), service, engine_factory=lambda: make_engine(model))
         self._replica_id = _this_replica_id()
 
-    async def generate_remote(self, request: GenerateRequest, avoid: tuple[str, ...] = ()) -> AsyncGenerator[Any, None]:
+    async def generate_remote(self, request: GenerateRequest, avoid: tuple[str, ...] = (),
+                              prefer: tuple[str, ...] = ()) -> AsyncGenerator[Any, None]:
         """`generate` for callers across the Ray handle: errors come back as `Refused` values naming this replica.
-        `avoid` is for the router only (replicas that already refused this request)."""
+        `avoid` and `prefer` are for the router only (replicas that already refused this request; the ingress's
+        ranking of replicas, rayserve/request_router.py)."""
         try:
             async for item in self.host.generate(request):
                 yield replace(item, replica=self._replica_id) if isinstance(item, Admitted) else item
@@ -174,7 +185,7 @@ class EngineReplica:
         its own id, in case the router could not send it where it was meant to go."""
         return self._replica_id, await self.host.stats()
 
-    def record_routing_stats(self) -> dict[str, int | bool]:
+    def record_routing_stats(self) -> dict[str, Any]:
         """Serve's routing-stats hook, read by `ServingReplicaRouter`."""
         return self.host.routing_stats()
 
@@ -207,7 +218,7 @@ class ModelServer:
     async def check_health(self) -> None:
         await self.host.check_health()
 
-    def record_routing_stats(self) -> dict[str, int | bool]:
+    def record_routing_stats(self) -> dict[str, Any]:
         """Serve's routing-stats hook, read by `ServingReplicaRouter` (several replicas behind the proxy)."""
         return self.host.routing_stats()
 
@@ -233,7 +244,7 @@ class Ingress:
         _keep_replica_port_on_loopback()
         configure_logging(config.service.log_level)
         _refuse_open_access(config, listen)
-        backends = {model_id: HandleBackend(h) for model_id, h in engines.items()}
+        backends = {m.id: HandleBackend(engines[m.id], _routing(m)) for m in config.models}
         self._api = create_app(config, backends, behind_serve_proxy=not listen, watch_event_loop=True)
         self._listener = _listen(self._api, config.service) if listen else None
 

@@ -13,6 +13,11 @@ themselves, honestly, instead of a request waiting in the router). Among its two
 probe still picks. A request the ingress retries (handle_backend.py) names the replicas that refused it, and they
 are left out while any other remains. Built on Serve's public `RequestRouter` with its FIFO and locality mixins.
 
+With fleet routing (the default for several replicas; app/routing/), the ingress ranks the replicas itself before
+each call, from what they report here (`replica_loads`) and which prompt prefixes each holds, and passes the ranking
+as the call's third argument (`generate_remote`'s `prefer`): this router then offers Serve the replicas in that order,
+one at a time, the first that accepts taking the request. Without a ranking it draws two as above.
+
 The ingress also asks every replica for its figures (/metrics, /stats): a call whose first argument is an
 `Addressed` goes to that replica only, and `replica_ids` lists the replicas this process's router knows.
 """
@@ -25,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.request_router import FIFOMixin, LocalityMixin, PendingRequest, RequestRouter, RunningReplica
+
+from app.host.replica_load import ReplicaLoad
 
 # How often each replica's `record_routing_stats` is polled: a dead engine leaves the routing set within
 # about this long plus one broadcast. The call is a dict of two fields: cheap at 1 s.
@@ -47,6 +54,22 @@ def replica_ids(deployment_id: Any) -> list[str]:
     first call has made one."""
     router = _ROUTERS.get(deployment_id)
     return sorted(r.unique_id for r in router.curr_replicas) if router is not None else []
+
+
+def replica_loads(deployment_id: Any) -> dict[str, ReplicaLoad]:
+    """What each replica of `deployment_id` last reported (`EngineReplica.record_routing_stats`), by its id; {}
+    before this process's router exists."""
+    router = _ROUTERS.get(deployment_id)
+    if router is None:
+        return {}
+    return {r.replica_id.unique_id: ReplicaLoad.of(r.routing_stats) for r in list(router.curr_replicas.values())}
+
+
+def preferred(pending_request: PendingRequest | None) -> tuple[str, ...]:
+    """The ranking the ingress sent with the call (`generate_remote`'s `prefer`), best first; () for none."""
+    if pending_request is None or len(pending_request.args) < 3 or not isinstance(pending_request.args[2], tuple):
+        return ()
+    return tuple(str(r) for r in pending_request.args[2])
 
 
 def _addressed(pending_request: PendingRequest | None) -> str | None:
@@ -101,6 +124,12 @@ class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
         if target is not None:  # that replica only; gone meanwhile: any, which answers with its own id
             return [[r for r in candidate_replicas if r.replica_id.unique_id == target] or candidate_replicas]
         candidates = not_avoided(candidate_replicas, avoided(pending_request))
+        ranking = preferred(pending_request)
+        if ranking:  # the ingress ranked them (app/routing/): in that order, then any other as a last resort
+            by_id = {r.replica_id.unique_id: r for r in candidates}
+            ranked = [[by_id[r]] for r in ranking if r in by_id]
+            rest = [r for r in candidates if r.replica_id.unique_id not in ranking]
+            return ranked + ([pick_two(rest)] if rest else [])
         local = set(self.apply_locality_routing(pending_request))  # same node first, as Serve's default does
         nearby = [r for r in candidates if r.replica_id in local and _serving(r)]
         return [pick_two(nearby or candidates)]

@@ -65,7 +65,7 @@ def test_unknown_top_level_and_service_keys():
     ("overrides", "where"),
     [
         ({"engine": {"max_model_len": 0}}, "models.0.engine.max_model_len"),
-        ({"engine": {"kv_cache_gib": 1.5}}, "models.0.engine.kv_cache_gib"),
+        ({"engine": {"kv_cache_gib": 0}}, "models.0.engine.kv_cache_gib"),
         ({"limits": {"default_max_tokens": 200, "max_tokens": 100}},
          "default_max_tokens (200) is above max_tokens (100)"),
         ({"engine": {"max_model_len": 64}, "limits": {"default_max_tokens": 64, "max_tokens": 128}},

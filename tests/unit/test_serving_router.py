@@ -50,7 +50,11 @@ async def test_a_host_reports_whether_it_serves_and_its_room(dead):
     engine = FakeEngine()
     host = EngineHost(config.models[0], engine, config.service)
     ticket = host.admission.reserve()
-    assert host.routing_stats() == {"serving": True, "room": 4}
+    reported = host.routing_stats()
+    assert {k: reported[k] for k in ("serving", "room", "in_system")} == {"serving": True, "room": 4, "in_system": 1}
+    # Its prefix cache's shape, for the fleet router's estimate of it; no prediction before its pace is measured.
+    assert (reported["block_tokens"], reported["cache_blocks"]) == (16, engine.kv_cache_tokens // 16)
+    assert reported["wait_s"] is None and reported["prefill_s_per_token"] is None
     ticket.release()
     if dead:
         engine.kill()
@@ -58,7 +62,7 @@ async def test_a_host_reports_whether_it_serves_and_its_room(dead):
             await host.check_health()
         assert host.routing_stats()["serving"] is False
     else:
-        assert host.routing_stats() == {"serving": True, "room": 5}
+        assert (host.routing_stats()["serving"], host.routing_stats()["room"]) == (True, 5)
 
 
 @dataclass(frozen=True)

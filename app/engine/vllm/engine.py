@@ -1,8 +1,6 @@
-"""`Engine` implemented on vLLM's `AsyncLLM`.
-
-One instance per engine replica. `AsyncLLM` runs the model in an `EngineCore` child process with a paged KV cache
-whose size is capped by configuration (`gpu_memory_utilization` on a GPU, `VLLM_CPU_KVCACHE_SPACE` on the CPU), so
-the engine's memory does not grow with the number of requests.
+"""`Engine` implemented on vLLM's `AsyncLLM`. One instance per engine replica. `AsyncLLM` runs the model in an
+`EngineCore` child process with a paged KV cache capped by configuration (`gpu_memory_utilization` on a GPU,
+`engine.kv_cache_gib` on the CPU), so the engine's memory does not grow with the number of requests.
 """
 
 from __future__ import annotations
@@ -62,9 +60,8 @@ class _StatsRecorder(StatLoggerBase):
         self.prefix_cache_queries_total = 0
         self.prefix_cache_hits_total = 0
 
-    def record(
-        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-    ) -> None:
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+               ) -> None:
         if scheduler_stats is not None:
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
@@ -110,8 +107,8 @@ class VLLMEngine:
         if self._precision.warning:
             log.warning("%s", self._precision.warning)
         if not model.on_gpu:
-            if model.engine.kv_cache_gib:
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(model.engine.kv_cache_gib)
+            if model.engine.kv_cache_gib:  # vLLM's CPU platform would let this legacy variable override the size
+                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
             # Planned before keep_off_engine_cores narrows this process's affinity: the EngineCore inherits it.
             # Cores another engine of this host computes on are left to it (engine/cpu/claims.py).
             self._cores, self._core_claim = plan_own_cores(world_size=model.engine.tensor_parallel_size)
@@ -148,6 +145,8 @@ class VLLMEngine:
     def kv_cache_tokens(self) -> int:
         cache = self.llm.vllm_config.cache_config
         return int(cache.num_gpu_blocks or 0) * int(cache.block_size)
+
+    cache_block_tokens = property(lambda self: int(self.llm.vllm_config.cache_config.block_size))
 
     @property
     def max_token_chars(self) -> int:

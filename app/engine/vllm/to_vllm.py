@@ -24,6 +24,8 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
     # An embedding model: vLLM's pooling runner, converting a causal LM into an embedding model (its pooler: the
     # last token's hidden state, L2-normalized), as `vllm serve --runner pooling --convert embed`.
     runner: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
+    if e.kv_cache_gib and not model.on_gpu:  # in bytes: VLLM_CPU_KVCACHE_SPACE takes whole GiB only
+        runner["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
     return AsyncEngineArgs(
         **runner,
         model=resolve_source(model.source),

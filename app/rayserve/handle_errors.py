@@ -1,0 +1,62 @@
+"""Errors across the Ray handle, as the ingress's handle adapter (rayserve/handle_backend.py) sees them: a replica's
+refusal sent back as a value (`Refused`), Ray's own failures turned into the service's errors (`translate`), which
+refusals are worth another replica, and a stream lost after it answered (`Lost`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+
+from app.errors import NeverInTime, QueueFull, ServiceError, ServiceUnavailable
+
+_UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, DeploymentUnavailableError)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
+    cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests.
+    `replica`: the refusing replica's id, so a retry can avoid it."""
+
+    error: ServiceError
+    replica: str = ""
+
+
+def worth_another_replica(err: BaseException) -> bool:
+    """Refusals (already `translate`d: a dead replica is a ServiceUnavailable) that say something about the
+    replica, not the request: another replica may take it."""
+    return isinstance(err, (QueueFull, ServiceUnavailable)) and not isinstance(err, NeverInTime)
+
+
+def translate(err: BaseException) -> BaseException:
+    """Ray wraps what a replica raised; give the ingress the service's own error back."""
+    if isinstance(err, RayTaskError) and isinstance(err.cause, ServiceError):
+        return err.cause
+    if isinstance(err, ServiceError):
+        return err
+    if isinstance(err, BackPressureError):
+        return QueueFull("Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1)
+    if isinstance(err, TaskCancelledError):  # the call was cancelled under us (replica stopping); not a server bug
+        return ServiceUnavailable("The request was cancelled by the serving layer; retry", retry_after_s=1)
+    if isinstance(err, _UNAVAILABLE):
+        return ServiceUnavailable(
+            "No engine replica is available for this model right now; retry shortly", retry_after_s=5
+        )
+    return err
+
+
+class RefusedBy(Exception):
+    def __init__(self, refused: Refused):
+        super().__init__(refused.error)
+        self.refused = refused
+
+
+class Lost(Exception):
+    """A stream that had answered ended with a retryable `ServiceUnavailable`: its replica or engine died,
+    wedged or was stopped under it. `replica`: that replica's id where known."""
+
+    def __init__(self, error: ServiceUnavailable, replica: str):
+        super().__init__(error)
+        self.error, self.replica = error, replica

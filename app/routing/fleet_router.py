@@ -1,0 +1,286 @@
+"""FleetRouter: each request to the replica that will give its first token soonest, prefix cache and load in one unit.
+
+For every replica that serves, the predicted first token of a request is
+
+    wait_s  +  pending prefill  +  prefill_s_per_token x (prompt tokens not in that replica's prefix cache)
+
+`wait_s` and `prefill_s_per_token` are the replica's own (host/replica_load.py: its admission's queue simulated with
+the pace it measured), published about once a second; "pending prefill" is the prefill of what this router sent the
+replica since that figure was taken; the cached tokens are this router's estimate of the replica's prefix cache (a
+`BlockLRU` of the block names of the prompts it sent there, sized to the replica's KV cache). The replica with the
+earliest prediction gets the request (near-ties broken at random, so identical replicas do not herd). A warm replica
+wins by the prefill it saves and loses once its queue costs more than that: affinity with load balance, no weights.
+
+Corrected by what each engine reports: the first answer carries vLLM's cached tokens. Predicted blocks that did not
+hit are forgotten, and the estimate's size shrinks (the replica evicts sooner than modelled); hits confirm it.
+
+When even the soonest replica misses the request's first-token target, the request is refused here
+(`OverTimeTarget`, Retry-After the predicted excess) without trying every replica in turn. An idle replica, or one
+whose pace is not measured yet, is never the reason for a refusal: the replica itself then decides.
+
+Use: `decision = router.choose(loads, prompt_ids, target_s, avoid)`, send to `decision.ranked[0]` (or the next ones),
+then `router.answered(decision, replica, cached_tokens, first_token_s)` on its first output, or
+`router.ended(decision)` if none came. Not thread-safe: called from the ingress's event loop only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from itertools import count
+
+import numpy as np
+
+from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
+from app.errors import OverTimeTarget
+from app.host.replica_load import ReplicaLoad
+
+# Until some replica has measured its pace: 1,000 prompt tokens/s, and 50 ms more per request in the replica. A
+# replica reports its pace after 4 requests; these only order cold replicas.
+DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
+COLD_WAIT_PER_REQUEST_S = 0.05
+TIE_S = 0.002  # predictions this close are the same: the random draw decides
+PENDING_MAX_S = 60.0  # a sent request never reported back stops counting after this long
+MAX_RETRY_AFTER_S = 60
+SESSIONS = 10_000  # x-session-id hints remembered (least recent forgotten)
+SHRINK = 0.9  # a predicted hit that missed: the estimate of that replica's cache shrinks by this factor
+_TIMINGS = 1024  # decision times kept for the p99
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replica's prediction for one request."""
+
+    replica: str
+    first_token_s: float
+    cached_tokens: int
+    measured: bool  # its wait comes from a measured pace (not the cold estimate)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request goes: `ranked` best first (the first group are replicas with room)."""
+
+    key: int
+    candidates: tuple[Candidate, ...]  # in rank order
+    names: tuple[int, ...]  # the prompt's block names (empty: its tokens are unknown here)
+    prompt_tokens: int
+    block_tokens: int
+    refusal: OverTimeTarget | None = None
+
+    @property
+    def ranked(self) -> tuple[str, ...]:
+        return tuple(c.replica for c in self.candidates)
+
+    def predicted_for(self, replica: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.replica == replica), None)
+
+
+@dataclass
+class ReplicaRouting:
+    """What this router did with one replica (for /stats and /metrics)."""
+
+    routed: int = 0
+    predicted_cached_tokens: int = 0  # over answered requests: what the router expected the cache to hold
+    realized_cached_tokens: int = 0  # ... what the engine reported
+    confirmed_cached_tokens: int = 0  # ... the part of the prediction the engine realized
+    first_tokens: int = 0
+    predicted_first_token_s: float = 0.0  # summed over `first_tokens`
+    measured_first_token_s: float = 0.0
+    estimated_blocks: int = 0  # blocks the estimate holds now
+
+    @property
+    def precision(self) -> float | None:
+        """The share of predicted cached tokens the engine realized (None: nothing predicted yet)."""
+        return self.confirmed_cached_tokens / self.predicted_cached_tokens if self.predicted_cached_tokens else None
+
+
+@dataclass
+class _Replica:
+    blocks: BlockLRU
+    cache_blocks: int = 0  # the replica's whole cache, in blocks (the estimate's size grows back towards it)
+    load: ReplicaLoad | None = None
+    seen_at: float = 0.0  # when its load last changed here
+    pending: dict[int, tuple[float, float]] = field(default_factory=dict)  # key -> (prefill s, sent at)
+    prefilling: dict[int, int] = field(default_factory=dict)  # block name -> requests sent whose prefill computes it
+    figures: ReplicaRouting = field(default_factory=ReplicaRouting)
+
+
+class FleetRouter:
+    def __init__(self, stats_period_s: float = 1.0, rng: random.Random | None = None):
+        self._stats_period_s = stats_period_s
+        self._rng = rng or random.Random()
+        self._replicas: dict[str, _Replica] = {}
+        self._keys = count(1)
+        self._sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()  # session -> (replica, prompt tokens)
+        self._decision_s: deque[float] = deque(maxlen=_TIMINGS)
+        self.refused = 0
+
+    # -- choosing ----------------------------------------------------------------------------
+
+    def choose(self, loads: Mapping[str, ReplicaLoad], prompt_ids: Sequence[int] | None,
+               first_token_target_s: float | None = None, avoid: frozenset[str] = frozenset(),
+               session: str = "") -> Decision | None:
+        """The replicas ranked for this request (None: no replica known yet); `decision.refusal` set when even the
+        soonest misses `first_token_target_s`. `avoid`: replicas that refused it already (left out while others
+        remain)."""
+        started = time.perf_counter()
+        now = time.monotonic()
+        self._track(loads, now)
+        block = next((load.block_tokens for load in loads.values() if load.block_tokens), 0)
+        names = block_hashes(prompt_ids, block) if prompt_ids and block else ()
+        tokens = len(prompt_ids or ())
+        hit_blocks = cacheable_blocks(tokens, block) if block else 0
+        serving = [r for r in loads if loads[r].serving] or list(loads)
+        pool = [r for r in serving if r not in avoid] or serving
+        if not pool:
+            return None
+        rates = [load.prefill_s_per_token for load in loads.values() if load.prefill_s_per_token is not None]
+        default_rate = float(np.median(rates)) if rates else DEFAULT_PREFILL_S_PER_TOKEN
+        hinted = self._sessions.get(session) if session else None
+        candidates = []
+        for replica in pool:
+            state, load = self._replicas[replica], loads[replica]
+            cached_blocks = state.blocks.match(names[:hit_blocks])
+            if hinted is not None and hinted[0] == replica and not names:  # no tokens known: the session's hint
+                cached_blocks = cacheable_blocks(min(hinted[1], tokens or hinted[1]), block or 1)
+            cached = cached_blocks * block
+            rate = load.prefill_s_per_token if load.prefill_s_per_token is not None else default_rate
+            measured = load.wait_s is not None
+            wait = load.wait_s if load.wait_s is not None else COLD_WAIT_PER_REQUEST_S * load.in_system
+            first = wait + self._pending_s(state, now) + rate * max(0, tokens - cached)
+            candidates.append(Candidate(replica, first, cached, measured))
+        with_room = {c.replica for c in candidates
+                     if loads[c.replica].room - len(self._replicas[c.replica].pending) > 0}
+        candidates.sort(key=lambda c: (c.replica not in with_room, math.floor(c.first_token_s / TIE_S),
+                                       self._rng.random()))
+        best = candidates[0]
+        decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
+                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s))
+        if decision.refusal is None:
+            self._sent(decision, best, now)
+            if session:
+                self._sessions[session] = (best.replica, tokens)
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > SESSIONS:
+                    self._sessions.popitem(last=False)
+        else:
+            self.refused += 1
+        self._decision_s.append(time.perf_counter() - started)
+        return decision
+
+    def _refusal(self, best: Candidate, load: ReplicaLoad, replicas: int, target_s: float | None
+                 ) -> OverTimeTarget | None:
+        if target_s is None or not best.measured or load.in_system == 0 or best.first_token_s <= target_s:
+            return None
+        return OverTimeTarget(
+            f"Server is busy: this request's first token is predicted in {best.first_token_s:.1f} s on the soonest of "
+            f"{replicas} replica(s), later than its {target_s:g} s target; retry after the Retry-After delay (or "
+            "send a shorter prompt)",
+            retry_after_s=min(MAX_RETRY_AFTER_S, max(1, math.ceil(best.first_token_s - target_s))),
+        )
+
+    def _sent(self, decision: Decision, to: Candidate, now: float) -> None:
+        """The request goes to `to`: its prefill counts there until its first output, and its blocks are expected
+        there from now on (a request with the same prefix right after it should follow it)."""
+        state = self._replicas[to.replica]
+        load = state.load or ReplicaLoad()
+        rate = load.prefill_s_per_token if load.prefill_s_per_token is not None else DEFAULT_PREFILL_S_PER_TOKEN
+        state.pending[decision.key] = (rate * max(0, decision.prompt_tokens - to.cached_tokens), now)
+        for name in decision.names:
+            state.prefilling[name] = state.prefilling.get(name, 0) + 1
+        state.blocks.add(decision.names)
+        state.figures.routed += 1
+
+    def _pending_s(self, state: _Replica, now: float) -> float:
+        """Prefill sent to the replica that its latest figures do not show yet."""
+        for key in [k for k, (_, sent) in state.pending.items() if now - sent > PENDING_MAX_S]:
+            del state.pending[key]
+        shown_before = state.seen_at - self._stats_period_s
+        return sum(s for s, sent in state.pending.values() if sent >= shown_before)
+
+    def _track(self, loads: Mapping[str, ReplicaLoad], now: float) -> None:
+        for replica in [r for r in self._replicas if r not in loads]:  # gone: a replacement has another id
+            del self._replicas[replica]
+        for replica, load in loads.items():
+            state = self._replicas.get(replica)
+            if state is None:
+                state = self._replicas[replica] = _Replica(BlockLRU(max(1, load.cache_blocks)), load.cache_blocks)
+            if load != state.load:
+                state.load, state.seen_at = load, now
+                if load.cache_blocks and load.cache_blocks != state.cache_blocks:
+                    state.cache_blocks = state.blocks.capacity = load.cache_blocks
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def answered(self, decision: Decision, replica: str, cached_tokens: int | None, first_token_s: float) -> None:
+        """The request's first output came from `replica` after `first_token_s`, its engine having found
+        `cached_tokens` of its prompt in the prefix cache (None: not reported)."""
+        state = self._replicas.get(replica)
+        self._release(decision)
+        if state is None:
+            return
+        figures = state.figures
+        predicted = decision.predicted_for(replica)
+        if predicted is not None:
+            figures.first_tokens += 1
+            figures.predicted_first_token_s += predicted.first_token_s
+            figures.measured_first_token_s += first_token_s
+        if cached_tokens is None or not decision.block_tokens:
+            return
+        expected = predicted.cached_tokens if predicted is not None else 0
+        figures.predicted_cached_tokens += expected
+        figures.realized_cached_tokens += cached_tokens
+        figures.confirmed_cached_tokens += min(expected, cached_tokens)
+        hit, expected_blocks = cached_tokens // decision.block_tokens, expected // decision.block_tokens
+        missed = [n for n in decision.names[hit:expected_blocks] if n not in state.prefilling]
+        if missed:  # the estimate held blocks the engine had evicted: it keeps fewer from now on
+            state.blocks.forget(missed)
+            state.blocks.capacity = max(1, int(state.blocks.capacity * SHRINK))
+        elif expected_blocks and state.blocks.capacity < state.cache_blocks:
+            state.blocks.capacity += 1
+        state.blocks.add(decision.names)  # its prefill computed them all: the replica holds them now
+        first = self._replicas.get(decision.ranked[0])
+        if replica != decision.ranked[0] and first is not None:  # Serve sent it elsewhere than the first choice
+            first.blocks.forget(decision.names[decision.candidates[0].cached_tokens // decision.block_tokens:])
+
+    def ended(self, decision: Decision) -> None:
+        """The request ended without an answer (refused, failed, cancelled): its prefill no longer counts."""
+        self._release(decision)
+
+    def _release(self, decision: Decision) -> None:
+        for state in self._replicas.values():
+            if state.pending.pop(decision.key, None) is None:
+                continue
+            for name in decision.names:
+                left = state.prefilling.get(name, 0) - 1
+                if left > 0:
+                    state.prefilling[name] = left
+                else:
+                    state.prefilling.pop(name, None)
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def figures(self) -> FleetFigures:
+        for state in self._replicas.values():
+            state.figures.estimated_blocks = len(state.blocks)
+        p99 = float(np.quantile(np.asarray(self._decision_s), 0.99)) * 1000 if self._decision_s else None
+        return FleetFigures(replicas={r: replace(state.figures) for r, state in self._replicas.items()},
+                            refused=self.refused, decision_p99_ms=None if p99 is None else round(p99, 3))
+
+
+@dataclass(frozen=True)
+class FleetFigures:
+    """The router's figures for one model: per replica, requests refused here, its decision time (p99)."""
+
+    replicas: dict[str, ReplicaRouting]
+    refused: int = 0
+    decision_p99_ms: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {"refused_over_time_target": self.refused, "decision_p99_ms": self.decision_p99_ms,
+                "replicas": {r: {**asdict(f), "precision": f.precision} for r, f in self.replicas.items()}}

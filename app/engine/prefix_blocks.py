@@ -61,3 +61,16 @@ class BlockLRU:
     def forget(self, names: Iterable[int]) -> None:
         for name in names:
             self._names.pop(name, None)
+
+    def forget_through(self, name: int) -> int:
+        """Forgets `name` and every name used less recently (an LRU cache that evicted `name` evicted those first);
+        returns how many were held."""
+        if name not in self._names:
+            return 0
+        gone = 0
+        while self._names:
+            oldest, _ = self._names.popitem(last=False)
+            gone += 1
+            if oldest == name:
+                break
+        return gone

@@ -266,8 +266,8 @@ class EngineHost:
         sup, a, pace = self.supervisor, self.admission, self.admission.pace
         block, in_system = sup.engine.cache_block_tokens if sup.ready else 0, a.stats().in_system
         return ReplicaLoad(sup.serving, a.max_running + a.max_queued - in_system, in_system, a.predicted_wait_s(),
-                           pace.prefill_s_per_token() if pace else None, block,
-                           sup.engine.kv_cache_tokens // block if block else 0).as_stats()
+                           pace.prefill_s_per_token() if pace else None, pace.per_request_s() if pace else None,
+                           block, sup.engine.kv_cache_tokens // block if block else 0).as_stats()
 
     async def replica_stats(self) -> dict[str, ReplicaStats | None]:  # every replica of an in-process backend
         return {"local": await self.stats()}

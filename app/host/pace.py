@@ -229,6 +229,11 @@ class EnginePace:
         coef = self._ttft.coef() if self.ready else None
         return None if coef is None else float(coef[1]) * self.lateness()
 
+    def per_request_s(self) -> float | None:
+        """Seconds each more request in the batch adds to a first token (the fit's `c`, times the lateness)."""
+        coef = self._ttft.coef() if self.ready else None
+        return None if coef is None else float(coef[2]) * self.lateness()
+
     def stats(self, batch: int) -> PaceStats:
         coef = self._ttft.coef()
         batch = max(1, batch)

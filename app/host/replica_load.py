@@ -17,10 +17,11 @@ class ReplicaLoad:
     serving: bool = True  # engine loaded and alive, not draining (a new replica with no stats yet is: it loaded)
     room: int = 1  # more requests its admission holds before refusing
     in_system: int = 0  # requests admitted or queued
-    # The first token of a newcomer with nothing to prefill, queued now, in seconds; and the seconds each prompt token
-    # to prefill adds. None until the replica's pace is measured.
+    # The first token of a newcomer with nothing to prefill, queued now, in seconds; the seconds each prompt token
+    # to prefill adds, and each more request in the batch. None until the replica's pace is measured.
     wait_s: float | None = None
     prefill_s_per_token: float | None = None
+    per_request_s: float | None = None
     block_tokens: int = 0  # the prefix cache's block size (0: unknown)
     cache_blocks: int = 0  # how many blocks the KV cache holds
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.host.stats import ReplicaStats, combined
 from app.http.ingress_state import Backend, state_of
 from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from app.routing.fleet_router import FleetFigures
+from app.routing.figures import FleetFigures
 
 router = APIRouter()
 _PROBE_TIMEOUT_S = 5

@@ -44,6 +44,7 @@ from app.engine.interface import (
     PromptInput,
 )
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
+from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
@@ -141,15 +142,18 @@ class HandleBackend:
         refusal when even the soonest replica would miss the first-token target."""
         if self.routing is None:
             return None
-        loads = replica_loads(getattr(self._handle, "deployment_id", None))
-        decision = self.routing.decide(loads, prompt_ids, request, frozenset(avoid), request.session_id)
+        decision = self.routing.decide(self._loads(), prompt_ids, request, frozenset(avoid), request.session_id)
         if decision is not None and decision.refusal is not None:
             raise decision.refusal
         return decision
 
+    def _loads(self) -> dict[str, ReplicaLoad]:
+        """What each replica last reported to this process's Serve router (request_router.py)."""
+        return replica_loads(getattr(self._handle, "deployment_id", None))
+
     async def _prompt_ids(self, request: GenerateRequest) -> list[int] | None:
         """The prompt's token ids for the fleet router; not worked out when there is no choice to make."""
-        if self.routing is None or len(replica_ids(getattr(self._handle, "deployment_id", None))) < 2:
+        if self.routing is None or len(self._loads()) < 2:
             return None
         return await self.routing.prompt_ids(request.prompt)
 
@@ -158,7 +162,7 @@ class HandleBackend:
         that fails retryably after answering raises `Lost`."""
         started = time.monotonic()
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
-        replica = ""
+        replica, prompt_tokens = "", 0
         prompt_ids = await self._prompt_ids(request)
         for attempt in range(1, ATTEMPTS + 1):
             remaining_s = request.timeout_s - (time.monotonic() - started)
@@ -176,11 +180,11 @@ class HandleBackend:
                     if isinstance(item, Refused):
                         raise RefusedBy(item)
                     if isinstance(item, Admitted):
-                        replica = item.replica
+                        replica, prompt_tokens = item.replica, item.prompt_tokens
                     elif not first_output and isinstance(item, GenerationDelta) and self.routing is not None:
                         first_output = True
                         self.routing.router.answered(cast(Decision, decision), replica, item.cached_tokens,
-                                                     time.monotonic() - sent)
+                                                     time.monotonic() - sent, prompt_tokens)
                     answered = True
                     yield item
                 return

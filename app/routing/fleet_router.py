@@ -2,17 +2,20 @@
 
 For every replica that serves, the predicted first token of a request is
 
-    wait_s  +  pending prefill  +  prefill_s_per_token x (prompt tokens not in that replica's prefix cache)
+    wait_s  +  pending  +  prefill_s_per_token x (prompt tokens not in that replica's prefix cache)
 
 `wait_s` and `prefill_s_per_token` are the replica's own (host/replica_load.py: its admission's queue simulated with
-the pace it measured), published about once a second; "pending prefill" is the prefill of what this router sent the
-replica since that figure was taken; the cached tokens are this router's estimate of the replica's prefix cache (a
-`BlockLRU` of the block names of the prompts it sent there, sized to the replica's KV cache). The replica with the
-earliest prediction gets the request (near-ties broken at random, so identical replicas do not herd). A warm replica
-wins by the prefill it saves and loses once its queue costs more than that: affinity with load balance, no weights.
+the pace it measured), published about once a second; "pending" is what this router sent the replica since that
+figure was taken and that has not answered yet: each its uncached prefill plus `per_request_s` (what one more request
+in the batch adds to a first token), so that a burst decided within one second does not pile onto one replica. The
+cached tokens are this router's estimate of the replica's prefix cache (a `BlockLRU` of the block names of the
+prompts it sent there, sized to the replica's KV cache). The replica with the earliest prediction gets the request
+(near-ties broken at random, so identical replicas do not herd). A warm replica wins by the prefill it saves and
+loses once its queue costs more than that: affinity with load balance, no weights.
 
-Corrected by what each engine reports: the first answer carries vLLM's cached tokens. Predicted blocks that did not
-hit are forgotten, and the estimate's size shrinks (the replica evicts sooner than modelled); hits confirm it.
+Corrected by what each engine reports: the first answer carries vLLM's cached tokens. A predicted block that did not
+hit is forgotten with every block the estimate used less recently (an LRU cache evicts those first), and the
+estimate's size shrinks to what is left (the replica evicts sooner than modelled); confirmed hits let it grow back.
 
 When even the soonest replica misses the request's first-token target, the request is refused here
 (`OverTimeTarget`, Retry-After the predicted excess) without trying every replica in turn. An idle replica, or one
@@ -30,7 +33,7 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from itertools import count
 
 import numpy as np
@@ -38,6 +41,7 @@ import numpy as np
 from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
 from app.errors import OverTimeTarget
 from app.host.replica_load import ReplicaLoad
+from app.routing.figures import FleetFigures, ReplicaRouting
 
 # Until some replica has measured its pace: 1,000 prompt tokens/s, and 50 ms more per request in the replica. A
 # replica reports its pace after 4 requests; these only order cold replicas.
@@ -46,8 +50,9 @@ COLD_WAIT_PER_REQUEST_S = 0.05
 TIE_S = 0.002  # predictions this close are the same: the random draw decides
 PENDING_MAX_S = 60.0  # a sent request never reported back stops counting after this long
 MAX_RETRY_AFTER_S = 60
-SESSIONS = 10_000  # x-session-id hints remembered (least recent forgotten)
-SHRINK = 0.9  # a predicted hit that missed: the estimate of that replica's cache shrinks by this factor
+# x-session-id hints remembered (least recent forgotten). A hint counts only for a prompt whose tokens are not known
+# here (its tokenizer did not load at the ingress): the session's last replica is taken to hold its previous prompt.
+SESSIONS = 10_000
 _TIMINGS = 1024  # decision times kept for the p99
 
 
@@ -71,6 +76,7 @@ class Decision:
     prompt_tokens: int
     block_tokens: int
     refusal: OverTimeTarget | None = None
+    session: str = ""
 
     @property
     def ranked(self) -> tuple[str, ...]:
@@ -78,25 +84,6 @@ class Decision:
 
     def predicted_for(self, replica: str) -> Candidate | None:
         return next((c for c in self.candidates if c.replica == replica), None)
-
-
-@dataclass
-class ReplicaRouting:
-    """What this router did with one replica (for /stats and /metrics)."""
-
-    routed: int = 0
-    predicted_cached_tokens: int = 0  # over answered requests: what the router expected the cache to hold
-    realized_cached_tokens: int = 0  # ... what the engine reported
-    confirmed_cached_tokens: int = 0  # ... the part of the prediction the engine realized
-    first_tokens: int = 0
-    predicted_first_token_s: float = 0.0  # summed over `first_tokens`
-    measured_first_token_s: float = 0.0
-    estimated_blocks: int = 0  # blocks the estimate holds now
-
-    @property
-    def precision(self) -> float | None:
-        """The share of predicted cached tokens the engine realized (None: nothing predicted yet)."""
-        return self.confirmed_cached_tokens / self.predicted_cached_tokens if self.predicted_cached_tokens else None
 
 
 @dataclass
@@ -141,14 +128,15 @@ class FleetRouter:
             return None
         rates = [load.prefill_s_per_token for load in loads.values() if load.prefill_s_per_token is not None]
         default_rate = float(np.median(rates)) if rates else DEFAULT_PREFILL_S_PER_TOKEN
-        hinted = self._sessions.get(session) if session else None
+        hinted = self._sessions.get(session) if session and not names else None
+        if hinted is not None:  # its tokens unknown here: at least its conversation's previous prompt, held there
+            tokens = max(tokens, hinted[1])
         candidates = []
         for replica in pool:
             state, load = self._replicas[replica], loads[replica]
-            cached_blocks = state.blocks.match(names[:hit_blocks])
-            if hinted is not None and hinted[0] == replica and not names:  # no tokens known: the session's hint
-                cached_blocks = cacheable_blocks(min(hinted[1], tokens or hinted[1]), block or 1)
-            cached = cached_blocks * block
+            cached = state.blocks.match(names[:hit_blocks]) * block
+            if hinted is not None and hinted[0] == replica:
+                cached = cacheable_blocks(hinted[1], block) * block if block else hinted[1]
             rate = load.prefill_s_per_token if load.prefill_s_per_token is not None else default_rate
             measured = load.wait_s is not None
             wait = load.wait_s if load.wait_s is not None else COLD_WAIT_PER_REQUEST_S * load.in_system
@@ -160,18 +148,21 @@ class FleetRouter:
                                        self._rng.random()))
         best = candidates[0]
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
-                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s))
+                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s), session)
         if decision.refusal is None:
             self._sent(decision, best, now)
-            if session:
-                self._sessions[session] = (best.replica, tokens)
-                self._sessions.move_to_end(session)
-                while len(self._sessions) > SESSIONS:
-                    self._sessions.popitem(last=False)
+            self._remember(session, best.replica, tokens)
         else:
             self.refused += 1
         self._decision_s.append(time.perf_counter() - started)
         return decision
+
+    def _remember(self, session: str, replica: str, prompt_tokens: int) -> None:
+        if session:
+            self._sessions[session] = (replica, prompt_tokens)
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > SESSIONS:
+                self._sessions.popitem(last=False)
 
     def _refusal(self, best: Candidate, load: ReplicaLoad, replicas: int, target_s: float | None
                  ) -> OverTimeTarget | None:
@@ -185,15 +176,18 @@ class FleetRouter:
         )
 
     def _sent(self, decision: Decision, to: Candidate, now: float) -> None:
-        """The request goes to `to`: its prefill counts there until its first output, and its blocks are expected
-        there from now on (a request with the same prefix right after it should follow it)."""
+        """The request goes to `to`: its prefill and its place in the batch count there until its first output, and
+        its blocks are expected there from now on (a request with the same prefix right after it should follow)."""
         state = self._replicas[to.replica]
         load = state.load or ReplicaLoad()
         rate = load.prefill_s_per_token if load.prefill_s_per_token is not None else DEFAULT_PREFILL_S_PER_TOKEN
-        state.pending[decision.key] = (rate * max(0, decision.prompt_tokens - to.cached_tokens), now)
+        per_request = load.per_request_s if load.per_request_s is not None else COLD_WAIT_PER_REQUEST_S
+        state.pending[decision.key] = (per_request + rate * max(0, decision.prompt_tokens - to.cached_tokens), now)
         for name in decision.names:
             state.prefilling[name] = state.prefilling.get(name, 0) + 1
-        state.blocks.add(decision.names)
+        # Only its new blocks for now: the ones held keep their place in the LRU order until the engine confirms them
+        # (`answered`), so that a miss forgets what is older than them, not what was used after.
+        state.blocks.add(decision.names[to.cached_tokens // decision.block_tokens if decision.block_tokens else 0:])
         state.figures.routed += 1
 
     def _pending_s(self, state: _Replica, now: float) -> float:
@@ -217,11 +211,14 @@ class FleetRouter:
 
     # -- learning ----------------------------------------------------------------------------
 
-    def answered(self, decision: Decision, replica: str, cached_tokens: int | None, first_token_s: float) -> None:
+    def answered(self, decision: Decision, replica: str, cached_tokens: int | None, first_token_s: float,
+                 prompt_tokens: int | None = None) -> None:
         """The request's first output came from `replica` after `first_token_s`, its engine having found
-        `cached_tokens` of its prompt in the prefix cache (None: not reported)."""
+        `cached_tokens` of its `prompt_tokens` in the prefix cache (None: not reported)."""
         state = self._replicas.get(replica)
         self._release(decision)
+        if prompt_tokens is not None:
+            self._remember(decision.session, replica, prompt_tokens)
         if state is None:
             return
         figures = state.figures
@@ -238,11 +235,12 @@ class FleetRouter:
         figures.confirmed_cached_tokens += min(expected, cached_tokens)
         hit, expected_blocks = cached_tokens // decision.block_tokens, expected // decision.block_tokens
         missed = [n for n in decision.names[hit:expected_blocks] if n not in state.prefilling]
-        if missed:  # the estimate held blocks the engine had evicted: it keeps fewer from now on
+        if missed:  # the engine evicted a block the estimate held, and (LRU) every block used less recently
+            state.blocks.forget_through(missed[0])
             state.blocks.forget(missed)
-            state.blocks.capacity = max(1, int(state.blocks.capacity * SHRINK))
-        elif expected_blocks and state.blocks.capacity < state.cache_blocks:
-            state.blocks.capacity += 1
+            state.blocks.capacity = max(1, min(state.blocks.capacity, len(state.blocks) + len(decision.names)))
+        elif expected_blocks:  # confirmed: the estimate may grow back towards the whole cache
+            state.blocks.capacity = min(max(1, state.cache_blocks), state.blocks.capacity + expected_blocks)
         state.blocks.add(decision.names)  # its prefill computed them all: the replica holds them now
         first = self._replicas.get(decision.ranked[0])
         if replica != decision.ranked[0] and first is not None:  # Serve sent it elsewhere than the first choice
@@ -271,16 +269,3 @@ class FleetRouter:
         p99 = float(np.quantile(np.asarray(self._decision_s), 0.99)) * 1000 if self._decision_s else None
         return FleetFigures(replicas={r: replace(state.figures) for r, state in self._replicas.items()},
                             refused=self.refused, decision_p99_ms=None if p99 is None else round(p99, 3))
-
-
-@dataclass(frozen=True)
-class FleetFigures:
-    """The router's figures for one model: per replica, requests refused here, its decision time (p99)."""
-
-    replicas: dict[str, ReplicaRouting]
-    refused: int = 0
-    decision_p99_ms: float | None = None
-
-    def as_json(self) -> dict[str, object]:
-        return {"refused_over_time_target": self.refused, "decision_p99_ms": self.decision_p99_ms,
-                "replicas": {r: {**asdict(f), "precision": f.precision} for r, f in self.replicas.items()}}

@@ -122,10 +122,10 @@ def _this_replica_id() -> str:
 
 
 def _routing(model: ModelConfig) -> ModelRouting | None:
-    """The fleet router for a model with several replicas (rendering its prompts needs its tokenizer here)."""
-    if model.deployment.routing != "earliest_first_token" or model.deployment.num_replicas < 2:
-        return None
-    return ModelRouting.for_model(model)
+    """The fleet router of a model behind the ingress. Made whatever `num_replicas` says (a Serve config or the
+    autoscaler may run more); it renders prompts (with the model's tokenizer, loaded here) only while the model has
+    several replicas."""
+    return ModelRouting.for_model(model) if model.deployment.routing == "earliest_first_token" else None
 
 
 def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:

@@ -10,7 +10,8 @@ figure was taken and that has not answered yet: each its uncached prefill plus `
 in the batch adds to a first token), so that a burst decided within one second does not pile onto one replica. The
 cached tokens are this router's estimate of the replica's prefix cache (a `BlockLRU` of the block names of the
 prompts it sent there, sized to the replica's KV cache). The replica with the earliest prediction gets the request
-(near-ties broken at random, so identical replicas do not herd). A warm replica wins by the prefill it saves and
+(near-ties broken by a hash of the prefix and the replica, so identical replicas do not herd and several ingress
+replicas agree where a new prefix goes). A warm replica wins by the prefill it saves and
 loses once its queue costs more than that: affinity with load balance, no weights.
 
 Corrected by what each engine reports: the first answer carries vLLM's cached tokens. A predicted block that did not
@@ -31,6 +32,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,6 +96,7 @@ class _Replica:
     seen_at: float = 0.0  # when its load last changed here
     pending: dict[int, tuple[float, float]] = field(default_factory=dict)  # key -> (prefill s, sent at)
     prefilling: dict[int, int] = field(default_factory=dict)  # block name -> requests sent whose prefill computes it
+    unconfirmed: set[int] = field(default_factory=set)  # names expected from requests sent, none answered yet
     figures: ReplicaRouting = field(default_factory=ReplicaRouting)
 
 
@@ -144,8 +147,10 @@ class FleetRouter:
             candidates.append(Candidate(replica, first, cached, measured))
         with_room = {c.replica for c in candidates
                      if loads[c.replica].room - len(self._replicas[c.replica].pending) > 0}
+        # Near-ties: by the prompt's first block and the replica (rendezvous hashing, stable across processes), so that
+        # every ingress replica puts a new prefix on the same replica while prefixes spread; random under a block.
         candidates.sort(key=lambda c: (c.replica not in with_room, math.floor(c.first_token_s / TIE_S),
-                                       self._rng.random()))
+                                       zlib.crc32(f"{names[0]}:{c.replica}".encode()) if names else self._rng.random()))
         best = candidates[0]
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
                             self._refusal(best, loads[best.replica], len(candidates), first_token_target_s), session)
@@ -187,7 +192,11 @@ class FleetRouter:
             state.prefilling[name] = state.prefilling.get(name, 0) + 1
         # Only its new blocks for now: the ones held keep their place in the LRU order until the engine confirms them
         # (`answered`), so that a miss forgets what is older than them, not what was used after.
-        state.blocks.add(decision.names[to.cached_tokens // decision.block_tokens if decision.block_tokens else 0:])
+        new = decision.names[to.cached_tokens // decision.block_tokens if decision.block_tokens else 0:]
+        state.blocks.add(new)
+        if len(state.unconfirmed) > 2 * state.blocks.capacity:  # requests never reported back: start again
+            state.unconfirmed.clear()
+        state.unconfirmed.update(new)
         state.figures.routed += 1
 
     def _pending_s(self, state: _Replica, now: float) -> float:
@@ -242,13 +251,20 @@ class FleetRouter:
         elif expected_blocks:  # confirmed: the estimate may grow back towards the whole cache
             state.blocks.capacity = min(max(1, state.cache_blocks), state.blocks.capacity + expected_blocks)
         state.blocks.add(decision.names)  # its prefill computed them all: the replica holds them now
+        state.unconfirmed.difference_update(decision.names)
         first = self._replicas.get(decision.ranked[0])
         if replica != decision.ranked[0] and first is not None:  # Serve sent it elsewhere than the first choice
             first.blocks.forget(decision.names[decision.candidates[0].cached_tokens // decision.block_tokens:])
 
     def ended(self, decision: Decision) -> None:
-        """The request ended without an answer (refused, failed, cancelled): its prefill no longer counts."""
+        """The request ended without an answer (refused, failed, cancelled): its prefill no longer counts, and the
+        blocks it would have computed are not expected where it was sent."""
+        sent_to = [state for state in self._replicas.values() if decision.key in state.pending]
         self._release(decision)
+        for state in sent_to:
+            never = [n for n in decision.names if n in state.unconfirmed and n not in state.prefilling]
+            state.blocks.forget(never)
+            state.unconfirmed.difference_update(never)
 
     def _release(self, decision: Decision) -> None:
         for state in self._replicas.values():

@@ -103,6 +103,36 @@ def test_identical_idle_replicas_share_unrelated_prompts_at_random():
     assert {firsts.count(r) for r in loads} and min(firsts.count(r) for r in loads) > 50
 
 
+def test_two_ingress_replicas_put_a_new_prefix_on_the_same_replica_and_spread_different_prefixes():
+    one, other = FleetRouter(rng=random.Random(1)), FleetRouter(rng=random.Random(2))
+    loads = {"r1": _load(), "r2": _load()}
+    placed = []
+    for k in range(40):
+        prompt = _ids(1000 + k, 300)
+        a, b = one.choose(loads, prompt), other.choose(loads, prompt)
+        assert a is not None and b is not None and a.ranked[0] == b.ranked[0]
+        one.ended(a)
+        other.ended(b)
+        placed.append(a.ranked[0])
+    assert min(placed.count("r1"), placed.count("r2")) >= 10
+
+
+def test_a_request_refused_before_any_output_leaves_no_expected_blocks_behind():
+    router = FleetRouter(rng=random.Random(0))
+    loads = {"r1": _load(), "r2": _load(wait_s=3.0)}
+    prompt = _ids(4, 300)
+    first = router.choose(loads, prompt)
+    second = router.choose(loads, prompt)  # sent while the first is prefilling: expected to find its blocks
+    assert first is not None and second is not None and second.candidates[0].cached_tokens == 288
+    router.ended(first)  # refused by its replica: the second still computes them
+    third = router.choose(loads, prompt)
+    assert third is not None and third.candidates[0].cached_tokens == 288
+    router.ended(second)
+    router.ended(third)  # none of them computed anything there
+    again = router.choose(loads, prompt)
+    assert again is not None and again.candidates[0].cached_tokens == 0
+
+
 def test_a_missed_prediction_forgets_that_block_and_every_older_one_and_counts_against_precision():
     router = FleetRouter(rng=random.Random(0))
     loads = {"r1": _load(), "r2": _load(wait_s=3.0)}

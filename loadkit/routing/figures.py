@@ -1,0 +1,94 @@
+"""The routing benchmark's figures: what /metrics says before and after a workload (vLLM's prefix-cache counters and
+prompt tokens per replica, the fleet router's own counters), and one system's row for one workload over its rounds.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadkit.routing.drive import Outcome
+from loadkit.stats import percentile
+
+COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:prompt_tokens", "app_routed_requests",
+            "app_routed_predicted_cached_tokens", "app_routed_confirmed_cached_tokens", "app_routed_first_tokens",
+            "app_routed_predicted_first_token_seconds", "app_routed_measured_first_token_seconds")
+
+
+def scrape(text: str) -> dict[str, dict[str, float]]:
+    """counter name -> replica -> value (summed over other labels); the decision-time gauge under its own name."""
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")
+            if name in COUNTERS:
+                replica = sample.labels.get("replica", "")
+                out[name][replica] = out[name].get(replica, 0.0) + sample.value
+            elif name == "app_routing_decision_p99_seconds":
+                out[name][""] = sample.value
+    return out
+
+
+def delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {name: {r: v - before.get(name, {}).get(r, 0.0) for r, v in per.items()} for name, per in after.items()}
+
+
+@dataclass
+class Row:
+    """One system on one workload, pooled over its rounds."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+    counters: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+    decision_p99_s: float | None = None
+
+    def add(self, outcomes: list[Outcome], wall_s: float, counted: dict[str, dict[str, float]]) -> None:
+        self.outcomes += outcomes
+        self.wall_s += wall_s
+        for name, per in counted.items():
+            if name == "app_routing_decision_p99_seconds":
+                value = per.get("", float("nan"))
+                if value == value:  # not NaN
+                    self.decision_p99_s = max(self.decision_p99_s or 0.0, value)
+                continue
+            for replica, value in per.items():
+                self.counters[name][replica] = self.counters[name].get(replica, 0.0) + value
+
+    def _total(self, name: str) -> float:
+        return sum(self.counters.get(name, {}).values())
+
+    def served(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == 200]
+
+    def failed(self) -> int:
+        return len(self.outcomes) - len(self.served())
+
+    def ttft(self, q: float) -> float | None:
+        return percentile([o.ttft_s for o in self.served() if o.ttft_s is not None], q)
+
+    def e2e(self, q: float) -> float | None:
+        return percentile([o.e2e_s for o in self.served() if o.e2e_s is not None], q)
+
+    def tokens_per_s(self) -> float | None:
+        return sum(o.output_tokens for o in self.served()) / self.wall_s if self.wall_s else None
+
+    def hit_rate(self) -> float | None:
+        queries = self._total("vllm:prefix_cache_queries")
+        return self._total("vllm:prefix_cache_hits") / queries if queries else None
+
+    def busiest_share(self) -> float | None:
+        """The largest replica's share of the prompt tokens the engines processed."""
+        per = self.counters.get("vllm:prompt_tokens", {})
+        total = sum(per.values())
+        return max(per.values()) / total if total else None
+
+    def precision(self) -> float | None:
+        predicted = self._total("app_routed_predicted_cached_tokens")
+        return self._total("app_routed_confirmed_cached_tokens") / predicted if predicted else None
+
+    def first_token_bias(self) -> float | None:
+        """Measured over predicted first tokens, summed (1.0: the router's predictions were right on average)."""
+        predicted = self._total("app_routed_predicted_first_token_seconds")
+        return self._total("app_routed_measured_first_token_seconds") / predicted if predicted else None

@@ -1,0 +1,56 @@
+"""The routing benchmark's arithmetic (loadkit/routing/): /metrics read per replica, deltas, pooled rows, the targets
+judged as ratios to the power-of-two router of the same run."""
+
+from __future__ import annotations
+
+from loadkit.routing.drive import Outcome
+from loadkit.routing.figures import Row, delta, scrape
+from loadkit.routing.report import section, targets
+
+METRICS = """# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m",replica="a"} 300.0
+vllm:prefix_cache_hits_total{model_name="m",replica="b"} 100.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m",replica="a"} 600.0
+vllm:prefix_cache_queries_total{model_name="m",replica="b"} 400.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m",replica="a"} 600.0
+vllm:prompt_tokens_total{model_name="m",replica="b"} 400.0
+# TYPE app_routed_predicted_cached_tokens counter
+app_routed_predicted_cached_tokens_total{model_name="m",replica="a"} 256.0
+# TYPE app_routed_confirmed_cached_tokens counter
+app_routed_confirmed_cached_tokens_total{model_name="m",replica="a"} 128.0
+# TYPE app_routing_decision_p99_seconds gauge
+app_routing_decision_p99_seconds{model_name="m"} 0.0004
+"""
+
+
+def _row(ttft: float, hits: float, queries: float, tokens: int = 32, wall: float = 10.0) -> Row:
+    row = Row()
+    row.add([Outcome(200, ttft, 2 * ttft, tokens)] * 10 + [Outcome(429)], wall,
+            {"vllm:prefix_cache_hits": {"a": hits}, "vllm:prefix_cache_queries": {"a": queries},
+             "vllm:prompt_tokens": {"a": queries * 0.6, "b": queries * 0.4}})
+    return row
+
+
+def test_metrics_are_read_per_replica_and_a_workload_counts_only_what_changed_during_it():
+    before = scrape(METRICS)
+    assert before["vllm:prefix_cache_hits"] == {"a": 300.0, "b": 100.0}
+    assert before["app_routing_decision_p99_seconds"] == {"": 0.0004}
+    after = scrape(METRICS.replace('replica="a"} 300.0', 'replica="a"} 500.0'))
+    assert delta(before, after)["vllm:prefix_cache_hits"] == {"a": 200.0, "b": 0.0}
+    row = Row()
+    row.add([Outcome(200, 0.5, 1.0, 32)], 2.0, before)
+    assert (row.hit_rate(), row.busiest_share(), row.precision(), row.decision_p99_s) == (0.4, 0.6, 0.5, 0.0004)
+    assert row.tokens_per_s() == 16.0 and row.failed() == 0
+
+
+def test_the_targets_are_ratios_to_power_of_two_in_the_same_run():
+    rows = {"W1": {"earliest_first_token": _row(0.2, 80, 100), "power_of_two": _row(0.5, 30, 100)},
+            "W3": {"earliest_first_token": _row(0.5, 0, 100, wall=10.5), "power_of_two": _row(0.5, 0, 100)}}
+    lines = targets(rows)
+    assert "W1 TTFT p50, this router / power of two (target ≤ 0.5): 0.40× (met)" in lines[0]
+    assert "(target ≥ 1.8): 2.67× (met)" in lines[1]
+    assert "W3 output tokens/s" in lines[2] and "0.95× (NOT met)" in lines[2]
+    text = section(rows, "header", ["earliest_first_token", "power_of_two"])
+    assert "| W1 shared system prompts" in text and "| 11 | 1 |" in text and "80 %" in text

@@ -57,6 +57,14 @@ class EngineConfig(StrictModel):
         description="`engine_kind: fake` only: seconds the test engine takes per output token (0: at once), so "
         "that streams are still under way when a test breaks something.",
     )
+    fake_prefill_s_per_token: float = Field(
+        0.0, ge=0, le=1,
+        description="`engine_kind: fake` only: seconds the test engine takes per prompt token its prefix cache does "
+        "not hold, one prompt at a time (its cost model for routing and scaling tests).",
+    )
+    fake_block_tokens: int = Field(
+        16, ge=1, le=4096, description="`engine_kind: fake` only: the test engine's prefix-cache block size."
+    )
 
 
 class DeploymentConfig(StrictModel):
@@ -177,8 +185,12 @@ class ModelConfig(StrictModel):
             )
         if self.deployment.num_gpus == 0 and self.engine.tensor_parallel_size > 1:
             raise ValueError("engine.tensor_parallel_size > 1 needs deployment.num_gpus >= tensor_parallel_size")
-        if self.engine.fake_token_delay_s and self.engine_kind != "fake":
-            raise ValueError("engine.fake_token_delay_s is for engine_kind: fake only; remove it")
+        e = self.engine
+        fake_only = [k for k, v in (("fake_token_delay_s", e.fake_token_delay_s),
+                                    ("fake_prefill_s_per_token", e.fake_prefill_s_per_token),
+                                    ("fake_block_tokens", e.fake_block_tokens - 16)) if v]
+        if fake_only and self.engine_kind != "fake":
+            raise ValueError(f"engine.{fake_only[0]} is for engine_kind: fake only; remove it")
         return self
 
     @property

@@ -49,7 +49,9 @@ def make_engine(model: ModelConfig) -> Engine:
     if model.engine_kind == "fake":
         from app.engine.fake import FakeEngine
 
-        return FakeEngine(max_model_len=model.engine.max_model_len, token_delay_s=model.engine.fake_token_delay_s)
+        e = model.engine
+        return FakeEngine(max_model_len=e.max_model_len, token_delay_s=e.fake_token_delay_s,
+                          prefill_s_per_token=e.fake_prefill_s_per_token, block_tokens=e.fake_block_tokens)
     from app.engine.vllm.engine import VLLMEngine
 
     return VLLMEngine(model)

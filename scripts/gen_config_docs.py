@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from app.api_keys import API_KEYS_ENV  # noqa: E402
 from app.config.app_config import AppConfig  # noqa: E402
+from app.config.autoscaling import AutoscalingSettings  # noqa: E402
 from app.config.model import DeploymentConfig, EngineConfig, LimitsConfig, ModelConfig  # noqa: E402
 from app.config.service import ServiceConfig  # noqa: E402
 from app.engine.model_store import CACHE_ENV  # noqa: E402
@@ -41,6 +42,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models[]", ModelConfig),
     ("models[].engine", EngineConfig),
     ("models[].deployment", DeploymentConfig),
+    ("models[].deployment.autoscaling", AutoscalingSettings),
     ("models[].limits", LimitsConfig),
 ]
 SECTION_OF = {model: heading for heading, model in SECTIONS}

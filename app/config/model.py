@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from app.config.autoscaling import AutoscalingSettings
 from app.config.common import DEFAULT_MODEL_SOURCE, StrictModel
 
 
@@ -112,8 +113,24 @@ class DeploymentConfig(StrictModel):
         "cache does not hold; docs/routing.md), and refuses at once one that no replica can serve within "
         "`ttft_target_s`; `power_of_two`: the less loaded of two random replicas (Ray Serve's default).",
     )
+    autoscaling: AutoscalingSettings | None = Field(
+        None,
+        description="Replicas that follow the demand, between `min_replicas` and `max_replicas` (in place of "
+        "`num_replicas`; docs/autoscaling.md); null: `num_replicas`, fixed.",
+    )
     health_check_period_s: float = Field(5.0, gt=0, description="How often Ray Serve checks that the engine is alive.")
     health_check_timeout_s: float = Field(10.0, gt=0, description="A health check slower than this fails.")
+
+    @model_validator(mode="after")
+    def _replicas_one_way(self) -> DeploymentConfig:
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("set either num_replicas or autoscaling (its min_replicas and max_replicas), not both")
+        return self
+
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas this model may run: `autoscaling.max_replicas`, else `num_replicas`."""
+        return self.autoscaling.max_replicas if self.autoscaling is not None else self.num_replicas
 
 
 class LimitsConfig(StrictModel):

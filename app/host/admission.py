@@ -26,6 +26,7 @@ import time
 from collections import deque
 
 from app.errors import QueueFull, QueueTimeout, ServiceUnavailable
+from app.host.demand import DemandMeter
 from app.host.pace import EnginePace, Prediction, Work
 from app.host.stats import AdmissionStats
 from app.host.time_refusals import NO_TARGETS, Targets, never_in_time, over_time
@@ -99,6 +100,7 @@ class Admission:
         self._mean_run_s = 1.0  # moving average of time in the engine, for Retry-After
         self._swept_at = 0.0
         self._closed_reason: str | None = None
+        self.demand = DemandMeter()  # for the autoscaling policy (host/replica_load.scaling_figures)
 
     def retry_after_s(self) -> float:
         """When a place frees up. With the engine's pace measured, the same predictor that sets `over_time_target`'s
@@ -180,7 +182,10 @@ class Admission:
         late = over_time(prediction, targets, 0.0, self.queue_timeout_s)
         if late is not None:
             self._refused_time += 1
-            raise never_in_time(self.pace.predict(ticket.work(now), (), (), self.max_running), targets) or late
+            never = never_in_time(self.pace.predict(ticket.work(now), (), (), self.max_running), targets)
+            if never is None:  # demand another replica could meet (the autoscaling policy's)
+                self.demand.refused(ticket.max_steps * self.pace.output_share, now)
+            raise never or late
 
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
@@ -198,6 +203,7 @@ class Admission:
                 self.pace.decoded(self._running, steps, now - ticket.last_output)
         ticket.steps += steps
         ticket.last_output = now
+        self.demand.served(steps, now)
 
     def _sweep(self, now: float, judged: bool) -> None:
         """Refuses, with `OverTimeTarget`, queued requests now predicted to miss what they wait for; their wait so
@@ -220,6 +226,7 @@ class Admission:
             self._waiting.remove(ticket)
             ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
             self._refused_time += 1
+            self.demand.refused(ticket.max_steps * self.pace.output_share, now)
             if ticket._future is not None and not ticket._future.done():
                 ticket._future.set_exception(late)
         self._pump()

@@ -36,7 +36,7 @@ from app.host.admission import Admission, Targets, Ticket
 from app.host.pace import EnginePace, PaceStats
 from app.host.progress_watch import ProgressWatch
 from app.host.prompt_tokenizer import PromptTokenizer
-from app.host.replica_load import ReplicaLoad
+from app.host.replica_load import ReplicaLoad, scaling_figures
 from app.host.runner import EngineRunner
 from app.host.stats import ReplicaStats
 from app.host.supervisor import EngineState, EngineSupervisor
@@ -263,11 +263,11 @@ class EngineHost:
             pass  # not on the event loop the requests run on: the watch's own task looks within a tick
         else:
             self.supervisor.look_for_stall()
-        sup, a, pace = self.supervisor, self.admission, self.admission.pace
-        block, in_system = sup.engine.cache_block_tokens if sup.ready else 0, a.stats().in_system
-        return ReplicaLoad(sup.serving, a.max_running + a.max_queued - in_system, in_system, a.predicted_wait_s(),
-                           pace.prefill_s_per_token() if pace else None, pace.per_request_s() if pace else None,
-                           block, sup.engine.kv_cache_tokens // block if block else 0).as_stats()
+        return ReplicaLoad.of_replica(self.supervisor, self.admission).as_stats()
+
+    def autoscaling_stats(self) -> dict[str, float]:
+        """What this replica tells Serve's autoscaling policy (rayserve/autoscaling.py)."""
+        return scaling_figures(self.admission)
 
     async def replica_stats(self) -> dict[str, ReplicaStats | None]:  # every replica of an in-process backend
         return {"local": await self.stats()}

@@ -170,6 +170,10 @@ class EnginePace:
     # -- predicting ----------------------------------------------------------------------------
 
     @property
+    def output_share(self) -> float:
+        return self._output_share
+
+    @property
     def ready(self) -> bool:
         return len(self._ttft) >= MIN_SAMPLES and len(self._decode) > 0
 
@@ -228,6 +232,11 @@ class EnginePace:
         """Seconds each more prompt token to prefill adds to a first token (the fit's `b`, times the lateness)."""
         coef = self._ttft.coef() if self.ready else None
         return None if coef is None else float(coef[1]) * self.lateness()
+
+    def output_tokens_per_s(self, batch: int) -> float | None:
+        """Output tokens per second the engine makes with `batch` streams decoding (None: not measured)."""
+        step = self._per_token_s(max(1, batch)) if len(self._decode) else 0.0
+        return batch / step if step > 0 else None
 
     def per_request_s(self) -> float | None:
         """Seconds each more request in the batch adds to a first token (the fit's `c`, times the lateness)."""

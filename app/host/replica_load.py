@@ -1,5 +1,6 @@
 """ReplicaLoad: what one engine replica tells the router about itself, through Serve's routing-stats channel
-(`record_routing_stats`, a plain dict), polled about once a second.
+(`record_routing_stats`, a plain dict), polled twice a second; and `scaling_figures`, what it tells Serve's
+autoscaling policy (`record_autoscaling_stats`).
 
 The fleet router (app/routing/) predicts a request's first token on this replica as `wait_s` plus
 `prefill_s_per_token` for each prompt token the replica does not hold in its prefix cache: the same linear model
@@ -9,7 +10,11 @@ the replica's own admission by time uses (host/pace.py), so the router and the r
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.host.admission import Admission
+    from app.host.supervisor import EngineSupervisor
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,13 @@ class ReplicaLoad:
     block_tokens: int = 0  # the prefix cache's block size (0: unknown)
     cache_blocks: int = 0  # how many blocks the KV cache holds
 
+    @classmethod
+    def of_replica(cls, sup: EngineSupervisor, a: Admission) -> ReplicaLoad:
+        pace, block, in_system = a.pace, sup.engine.cache_block_tokens if sup.ready else 0, a.stats().in_system
+        return cls(sup.serving, a.max_running + a.max_queued - in_system, in_system, a.predicted_wait_s(),
+                   pace.prefill_s_per_token() if pace else None, pace.per_request_s() if pace else None,
+                   block, sup.engine.kv_cache_tokens // block if block else 0)
+
     def as_stats(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -33,3 +45,15 @@ class ReplicaLoad:
         """From a replica's routing stats; keys it does not send (or sends unknown) are left at their defaults."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (stats or {}).items() if k in known})
+
+
+def scaling_figures(a: Admission) -> dict[str, float]:
+    """Decode steps per second (one per stream per token) this replica served and refused by time over the last
+    30 s (host/demand.py), what it makes at a full batch (`capacity`, once measured) and the first token a newcomer
+    would see now (`wait_s`, once measured). Serve averages each over the policy's look-back window."""
+    served, refused = a.demand.rates()
+    figures = {"served": served, "refused": refused, "in_system": float(a.stats().in_system)}
+    capacity = a.pace.output_tokens_per_s(a.max_running) if a.pace is not None else None
+    wait = a.predicted_wait_s()
+    figures.update({k: v for k, v in (("capacity", capacity), ("wait_s", wait)) if v is not None})
+    return figures

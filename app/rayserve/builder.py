@@ -17,6 +17,7 @@ from ray.serve.deployment import Deployment
 from app.config.app_config import AppConfig, load_config, parse_config
 from app.config.common import ConfigError
 from app.config.model import ModelConfig
+from app.rayserve.autoscaling import serve_autoscaling_config
 from app.rayserve.replicas import EngineReplica, Ingress, ModelServer
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, ServingReplicaRouter
 
@@ -48,9 +49,12 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
         # Every HTTP request reaches this replica (probes too), and refusing one in-process costs almost
         # nothing; a tight Serve cap would make the proxy queue them, then drop them as plain-text 503s.
         serve_cap = _HTTP_HEADROOM + serve_cap
+    replicas: dict[str, Any] = {"num_replicas": dep.num_replicas}
+    if dep.autoscaling is not None:  # the service's policy on the replicas' token demand (rayserve/autoscaling.py)
+        replicas = {"autoscaling_config": serve_autoscaling_config(dep.autoscaling, dep.ttft_target_s)}
     return serve.deployment(
         name=engine_deployment_name(model.id),
-        num_replicas=dep.num_replicas,
+        **replicas,
         ray_actor_options={"num_cpus": dep.num_cpus, "num_gpus": dep.num_gpus},
         **_per_node(dep.max_replicas_per_node),
         max_ongoing_requests=serve_cap,
@@ -67,7 +71,8 @@ def colocated(config: AppConfig) -> bool:
     Several replicas get the ingress tier: it holds the client's connection apart from any engine replica, so a
     request nothing has been sent for yet is retried on another replica when one is full, dead or starting
     (`rayserve.handle_backend.HandleBackend`), and no request waits on a replica that cannot serve it."""
-    return config.service.colocate_ingress and len(config.models) == 1 and config.models[0].deployment.num_replicas == 1
+    one = len(config.models) == 1 and config.models[0].deployment.most_replicas == 1
+    return config.service.colocate_ingress and one
 
 
 def ingress_deployment_name(config: AppConfig) -> str:

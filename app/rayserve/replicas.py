@@ -36,7 +36,7 @@ from app.http.listener import HttpListener
 from app.logs import configure_logging
 from app.rayserve.handle_backend import HandleBackend
 from app.rayserve.handle_errors import Refused
-from app.rayserve.request_router import Addressed
+from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, Addressed
 from app.routing.model_routing import ModelRouting
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,9 @@ def _routing(model: ModelConfig) -> ModelRouting | None:
     """The fleet router of a model behind the ingress. Made whatever `num_replicas` says (a Serve config or the
     autoscaler may run more); it renders prompts (with the model's tokenizer, loaded here) only while the model has
     several replicas."""
-    return ModelRouting.for_model(model) if model.deployment.routing == "earliest_first_token" else None
+    if model.deployment.routing != "earliest_first_token":
+        return None
+    return ModelRouting.for_model(model, ROUTING_STATS_PERIOD_S)
 
 
 def _listen(api: FastAPI, service: ServiceConfig) -> HttpListener:
@@ -190,6 +192,10 @@ class EngineReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         """Serve's routing-stats hook, read by `ServingReplicaRouter`."""
         return self.host.routing_stats()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's autoscaling hook, read by the policy (rayserve/autoscaling.py) when the deployment autoscales."""
+        return self.host.autoscaling_stats()
 
     def __del__(self) -> None:
         host = getattr(self, "host", None)

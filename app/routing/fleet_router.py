@@ -101,7 +101,7 @@ class _Replica:
 
 
 class FleetRouter:
-    def __init__(self, stats_period_s: float = 1.0, rng: random.Random | None = None):
+    def __init__(self, stats_period_s: float = 0.5, rng: random.Random | None = None):
         self._stats_period_s = stats_period_s
         self._rng = rng or random.Random()
         self._replicas: dict[str, _Replica] = {}
@@ -200,10 +200,11 @@ class FleetRouter:
         state.figures.routed += 1
 
     def _pending_s(self, state: _Replica, now: float) -> float:
-        """Prefill sent to the replica that its latest figures do not show yet."""
+        """Work sent to the replica that its latest figures do not show yet: what was sent up to two polls before
+        they came (a poll, then its broadcast) is taken as shown."""
         for key in [k for k, (_, sent) in state.pending.items() if now - sent > PENDING_MAX_S]:
             del state.pending[key]
-        shown_before = state.seen_at - self._stats_period_s
+        shown_before = state.seen_at - 2 * self._stats_period_s
         return sum(s for s, sent in state.pending.values() if sent >= shown_before)
 
     def _track(self, loads: Mapping[str, ReplicaLoad], now: float) -> None:

@@ -31,8 +31,9 @@ class ModelRouting:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"route-render-{model.id}")
 
     @classmethod
-    def for_model(cls, model: ModelConfig) -> ModelRouting:
-        return cls(model, ingress_renderer(model))
+    def for_model(cls, model: ModelConfig, stats_period_s: float) -> ModelRouting:
+        """`stats_period_s`: how often the replicas' reports come (Serve's routing-stats period)."""
+        return cls(model, ingress_renderer(model), FleetRouter(stats_period_s))
 
     def _ids(self, prompt: PromptInput) -> list[int] | None:
         if self._renderer is None:

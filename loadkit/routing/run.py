@@ -5,7 +5,7 @@ The KubeRay manifest's Serve config is deployed with `serve deploy` (two engine 
 per system and round, changed only in `deployment.routing`, a small KV cache (`engine.kv_cache_gib`, so that W1's
 prefixes fit two replicas' caches together but not one's) and one ingress replica (its /metrics then holds every
 routing figure). Rounds alternate the order of the systems (A B, then B A); every round has new prompts. Each
-deployment first serves a warm-up (8 short unrelated prompts) so the replicas have measured their pace. The table
+deployment first serves a warm-up (16 short unrelated prompts) so the replicas have measured their pace. The table
 and a plot go into docs/routing.md; every figure names this machine.
 """
 
@@ -89,7 +89,7 @@ def run(o: argparse.Namespace, env: dict[str, str], key: str) -> dict[str, dict[
         for system in order:
             took = _deploy(cluster, serve_config(port, system, o.kv_cache_gib), o.work_dir)
             log(f"round {round_ + 1}: {system} deployed in {took:.0f} s")
-            warm = [Request(prompt=f"Warm-up {round_} {system} {i}: say something.") for i in range(8)]
+            warm = [Request(prompt=f"Warm-up {round_} {system} {i}: say something.") for i in range(16)]
             asyncio.run(drive(base, MODEL_ID, warm, o.concurrency, key))
             for workload in o.workloads:
                 requests = build(workload, tokenizer, shape, seed=1000 * (round_ + 1) + WORKLOADS.index(workload))

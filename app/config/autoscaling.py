@@ -1,0 +1,33 @@
+"""`deployment.autoscaling`: replicas that follow the demand (docs/autoscaling.md). Ray Serve scales the engine
+deployment with the service's own policy (rayserve/autoscaling.py): demand in output tokens per second, served and
+refused by time, against what one replica serves within the first-token target."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from app.config.common import StrictModel
+
+
+class AutoscalingSettings(StrictModel):
+    min_replicas: int = Field(1, ge=1, description="Fewest engine replicas; the deployment starts with this many.")
+    max_replicas: int = Field(2, ge=1, description="Most engine replicas (on KubeRay, also the worker group's bound).")
+    target_utilization: float = Field(
+        0.8, gt=0, le=1,
+        description="Share of one replica's measured output tokens/s the policy plans for: below 1 leaves room for "
+        "a burst while a new replica loads (about 25-40 s on a CPU).",
+    )
+    upscale_delay_s: float = Field(
+        10.0, ge=0, description="How long the demand must ask for more replicas before one is added.")
+    downscale_delay_s: float = Field(
+        120.0, ge=0, description="How long the demand must fit in fewer replicas before one is removed (slow, so "
+        "that a pause in the load does not cost a replica's start).")
+    look_back_s: float = Field(
+        30.0, gt=10, description="The window over which Serve averages each replica's figures for a decision (more "
+        "than Serve's 10 s between a replica's reports).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be at least min_replicas ({self.min_replicas})")
+        return self

@@ -1,0 +1,69 @@
+"""How many engine replicas the demand needs, from what the replicas report (host/replica_load.scaling_figures).
+
+Demand is counted in decode steps per second (one per stream per output token): what the replicas served plus what
+they refused by time (a refused request counts as the output it would have had). A count of requests says little
+for an LLM (one asks for 20 tokens, the next for 2,000), and this service refuses at once the requests it predicts
+would miss their first-token target, so unmet demand never shows as a queue a count-based policy could see.
+
+One replica's capacity is what it makes at a full batch, as it measured (the median of the replicas that have); the
+policy plans for `target_utilization` of it:
+
+    desired = ceil(demand / (capacity x target_utilization))
+
+Scale up: to `desired`, and by one at least while an arrival's predicted first token on the soonest replica is past
+the target or a busy fleet refuses by time (the demand a saturated fleet can measure is capped by what it serves).
+Scale down: by one, only when the demand would fit the smaller fleet with a margin (`DOWN_MARGIN`), so that removing
+a replica cannot itself call for one again. Serve applies `upscale_delay_s` and `downscale_delay_s` to the answer
+(the desire must hold that long), and the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+# Scale down only when the demand fits in the smaller fleet at this share of its planned capacity: with the planned
+# 0.8, a fleet of 2 goes to 1 below 0.56 of one replica's capacity, and comes back above 0.8 (no flapping between).
+DOWN_MARGIN = 0.7
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    """One replica's report, averaged over the look-back window."""
+
+    served: float = 0.0  # decode steps per second served
+    refused: float = 0.0  # ... refused by time
+    capacity: float | None = None  # ... it makes at a full batch; None until measured
+    wait_s: float | None = None  # the first token a newcomer would see now; None until measured
+
+
+@dataclass(frozen=True)
+class Knobs:
+    min_replicas: int
+    max_replicas: int
+    target_utilization: float = 0.8
+    ttft_target_s: float | None = 10.0
+
+
+def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs) -> int:
+    """The replica count the demand needs, within the bounds; `current` when nothing is measured yet."""
+    measured = [r.capacity for r in replicas if r.capacity]
+    demand = sum(r.served + r.refused for r in replicas)
+    waits = [r.wait_s for r in replicas if r.wait_s is not None]
+    planned = statistics.median(measured) * knobs.target_utilization if measured else None
+    busy = planned is None or demand > current * planned * DOWN_MARGIN
+    # Late: the soonest replica's next first token is past the target, or a busy fleet refuses by time (a quiet
+    # fleet's refusals are requests too long for the target even alone: more replicas would not help them).
+    late = (knobs.ttft_target_s is not None and bool(waits) and min(waits) > knobs.ttft_target_s) or (
+        busy and any(r.refused > 0 for r in replicas))
+    desired = current
+    if planned is not None:
+        needed = math.ceil(demand / planned) if demand > 0 else knobs.min_replicas
+        if needed > current:
+            desired = needed
+        elif needed < current and not late and demand <= (current - 1) * planned * DOWN_MARGIN:
+            desired = current - 1
+    if late:
+        desired = max(desired, current + 1)
+    return max(knobs.min_replicas, min(knobs.max_replicas, desired))

@@ -1,0 +1,113 @@
+"""Autoscaling (issue 25, first step): `deployment.autoscaling` in the config, each replica's token demand
+(host/demand.py, host/replica_load.scaling_figures), the policy on recorded figures (scaling/policy.py) and what Ray
+Serve is handed (rayserve/autoscaling.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.config.common import ConfigError
+from app.engine.fake import FakeEngine
+from app.errors import OverTimeTarget
+from app.host.demand import DemandMeter
+from app.host.engine_host import EngineHost
+from app.rayserve.autoscaling import TokenDemandPolicy
+from app.rayserve.builder import build_from_config, colocated
+from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
+from tests.support.fake_stack import make_config, make_request
+from tests.unit.test_builder import _engine_behind_the_ingress
+
+KNOBS = Knobs(min_replicas=1, max_replicas=4, target_utilization=0.8, ttft_target_s=10.0)
+
+
+def _replica(served: float, refused: float = 0.0, capacity: float | None = 100.0, wait_s: float | None = 0.5):
+    return ReplicaFigures(served=served, refused=refused, capacity=capacity, wait_s=wait_s)
+
+
+def test_the_config_takes_bounds_in_place_of_num_replicas_and_refuses_a_bad_combination_with_its_path():
+    config = make_config(deployment={"autoscaling": {"min_replicas": 1, "max_replicas": 3}})
+    assert config.models[0].deployment.most_replicas == 3 and not colocated(config)
+    for bad, where in (
+            ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, r"max_replicas \(2\) must be at least"),
+            ({"num_replicas": 2, "autoscaling": {"max_replicas": 2}}, "either num_replicas or autoscaling"),
+            ({"autoscaling": {"max_replica": 2}}, "deployment.autoscaling.max_replica")):
+        with pytest.raises(ConfigError, match=where):
+            make_config(deployment=bad)
+
+
+def test_serve_gets_the_service_s_policy_with_the_model_s_bounds_target_and_delays():
+    config = make_config(deployment={"autoscaling": {"min_replicas": 1, "max_replicas": 3, "downscale_delay_s": 90},
+                                     "ttft_target_s": 8})
+    deployment = _engine_behind_the_ingress(build_from_config(config))
+    scaling = deployment._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.initial_replicas) == (1, 3, 1)
+    assert (scaling.upscale_delay_s, scaling.downscale_delay_s) == (10.0, 90.0)
+    assert scaling.policy.policy_function == "app.rayserve.autoscaling:TokenDemandPolicy"
+    assert scaling.policy.policy_kwargs == {"min_replicas": 1, "max_replicas": 3, "target_utilization": 0.8,
+                                            "ttft_target_s": 8.0}
+
+
+def test_the_demand_meter_counts_tokens_per_second_over_its_window():
+    meter = DemandMeter(window_s=10)
+    meter.served(50, now=100.2)
+    meter.served(50, now=104.9)
+    meter.refused(30, now=105.5)
+    assert meter.rates(now=106.0) == (10.0, 3.0)
+    assert meter.rates(now=111.0) == (5.0, 3.0)  # the first second has left the window
+    assert meter.rates(now=200.0) == (0.0, 0.0)
+
+
+async def test_a_replica_reports_what_it_served_what_it_refused_by_time_and_its_capacity_once_measured():
+    config = make_config(deployment={"max_ongoing_requests": 1, "ttft_target_s": 0.05})
+    host = EngineHost(config.models[0], FakeEngine(token_delay_s=0.02), config.service)
+    assert set(host.autoscaling_stats()) == {"served", "refused", "in_system"}  # nothing measured: no capacity
+    for i in range(5):
+        [_ async for _ in host.generate(make_request(f"q{i}", max_tokens=8))]
+    figures = host.autoscaling_stats()
+    assert figures["served"] == pytest.approx(5 * 8 / 30) and figures["capacity"] > 0 and "wait_s" in figures
+    stream = host.generate(make_request("long", max_tokens=60))
+    await anext(stream)  # running: a newcomer would now wait past the 0.05 s target
+    with pytest.raises(OverTimeTarget):
+        [_ async for _ in host.generate(make_request("late", max_tokens=60))]
+    assert host.autoscaling_stats()["refused"] > 0  # its would-be output counted as demand
+    await stream.aclose()
+
+
+def test_the_policy_scales_to_the_demand_and_up_by_one_at_least_while_arrivals_are_late():
+    assert desired_replicas(1, [_replica(50)], KNOBS) == 1  # 50 of a planned 80
+    assert desired_replicas(1, [_replica(75, refused=90)], KNOBS) == 3  # served + refused by time: 165 / 80
+    assert desired_replicas(1, [_replica(70, wait_s=12.0)], KNOBS) == 2  # saturated: what it serves caps the figure
+    assert desired_replicas(3, [_replica(300, refused=300)] * 3, KNOBS) == 4  # never past max_replicas
+
+
+def test_the_policy_scales_down_one_at_a_time_only_with_room_to_spare_and_never_flaps():
+    assert desired_replicas(2, [_replica(20), _replica(20)], KNOBS) == 1  # 40 fits one replica's 56 with margin
+    assert desired_replicas(2, [_replica(30), _replica(30)], KNOBS) == 2  # 60 would not: keep two
+    assert desired_replicas(4, [_replica(5)] * 4, KNOBS) == 3  # one at a time
+    assert desired_replicas(2, [_replica(60, refused=1), _replica(60)], KNOBS) == 3  # busy and refusing: up
+    assert desired_replicas(2, [_replica(5, refused=1), _replica(5)], KNOBS) == 1  # quiet: a too-long request
+    # Between the thresholds (56 .. 80 of one replica's planned 80) neither direction moves: no flapping.
+    for demand in (57, 65, 79):
+        assert desired_replicas(1, [_replica(demand)], KNOBS) == 1
+        assert desired_replicas(2, [_replica(demand / 2), _replica(demand / 2)], KNOBS) == 2
+
+
+def test_nothing_measured_keeps_the_count_and_the_bounds_hold():
+    assert desired_replicas(2, [_replica(0, capacity=None, wait_s=None)] * 2, KNOBS) == 2
+    assert desired_replicas(1, [], Knobs(min_replicas=2, max_replicas=3)) == 2
+
+
+class _Context:
+    def __init__(self, current: int, metrics: dict):
+        self.current_num_replicas = current
+        self.running_replicas = list(next(iter(metrics.values())).keys()) if metrics else []
+        self.aggregated_metrics = metrics
+        self.policy_state = {"kept": True}
+
+
+def test_serve_s_context_becomes_the_policy_s_figures():
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    busy = {"served": {"a": 75.0}, "refused": {"a": 40.0}, "capacity": {"a": 100.0}, "wait_s": {"a": 11.0}}
+    assert policy(_Context(1, busy)) == (2, {"kept": True})  # type: ignore[arg-type]
+    idle = {"served": {"a": 5.0, "b": 5.0}, "refused": {"a": 0.0, "b": 0.0}, "capacity": {"a": 100.0, "b": 90.0}}
+    assert policy(_Context(2, idle))[0] == 1  # type: ignore[arg-type]

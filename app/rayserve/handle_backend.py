@@ -50,7 +50,7 @@ from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, wort
 from app.rayserve.merged_streams import merged
 from app.rayserve.migration import Continuation
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
-from app.routing.fleet_router import Decision
+from app.routing.decision import Decision
 from app.routing.model_routing import ModelRouting
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class HandleBackend:
             decision = await self._route(attempt_request, prompt_ids, avoid)
             sent = time.monotonic()
             # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
-            ranking = (decision.ranked,) if decision is not None else ()  # `prefer`, for the router only
+            ranking = (decision.ranks,) if decision is not None else ()  # `prefer`, for the router only
             call = self._stream.generate_remote.remote(attempt_request, avoid, *ranking)
             response = cast(DeploymentResponseGenerator[Any], call)
             answered = False
@@ -187,6 +187,8 @@ class HandleBackend:
                                                      time.monotonic() - sent, prompt_tokens)
                     answered = True
                     yield item
+                if first_output and decision is not None and self.routing is not None:
+                    self.routing.router.finished(decision)
                 return
             except Exception as err:
                 refused_by = err.refused.replica if isinstance(err, RefusedBy) else ""
@@ -203,8 +205,8 @@ class HandleBackend:
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)
             finally:
-                if not first_output and self.routing is not None:
-                    self.routing.router.ended(cast(Decision, decision))
+                if self.routing is not None and decision is not None:  # no answer, or a stream cut short
+                    (self.routing.router.finished if first_output else self.routing.router.ended)(decision)
                 try:
                     response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts
                 except Exception:  # cancel() re-raises a failed assignment (BackPressureError), answered above

@@ -68,11 +68,13 @@ def replica_loads(deployment_id: Any) -> dict[str, ReplicaLoad]:
     return {r.replica_id.unique_id: ReplicaLoad.of(r.routing_stats) for r in list(router.curr_replicas.values())}
 
 
-def preferred(pending_request: PendingRequest | None) -> tuple[str, ...]:
-    """The ranking the ingress sent with the call (`generate_remote`'s `prefer`), best first; () for none."""
+def preferred(pending_request: PendingRequest | None) -> tuple[tuple[str, ...], ...]:
+    """The ranking the ingress sent with the call (`generate_remote`'s `prefer`): groups of replica ids, best first,
+    each offered to Serve together (its probe takes the least loaded of a group); () for none."""
     if pending_request is None or len(pending_request.args) < 3 or not isinstance(pending_request.args[2], tuple):
         return ()
-    return tuple(str(r) for r in pending_request.args[2])
+    return tuple(tuple(str(r) for r in group) if isinstance(group, tuple) else (str(group),)
+                 for group in pending_request.args[2])
 
 
 def _addressed(pending_request: PendingRequest | None) -> str | None:
@@ -130,9 +132,10 @@ class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
         ranking = preferred(pending_request)
         if ranking:  # the ingress ranked them (app/routing/): in that order, then any other as a last resort
             by_id = {r.replica_id.unique_id: r for r in candidates}
-            ranked = [[by_id[r]] for r in ranking if r in by_id]
-            rest = [r for r in candidates if r.replica_id.unique_id not in ranking]
-            return ranked + ([pick_two(rest)] if rest else [])
+            ranked = [[by_id[r] for r in group if r in by_id] for group in ranking]
+            named = {r for group in ranking for r in group}
+            rest = [r for r in candidates if r.replica_id.unique_id not in named]
+            return [group for group in ranked if group] + ([pick_two(rest)] if rest else [])
         local = set(self.apply_locality_routing(pending_request))  # same node first, as Serve's default does
         nearby = [r for r in candidates if r.replica_id in local and _serving(r)]
         return [pick_two(nearby or candidates)]

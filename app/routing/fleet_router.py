@@ -43,6 +43,7 @@ import numpy as np
 from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
 from app.errors import OverTimeTarget
 from app.host.replica_load import ReplicaLoad
+from app.routing.decision import Candidate, Decision
 from app.routing.figures import FleetFigures, ReplicaRouting
 
 # Until some replica has measured its pace: 1,000 prompt tokens/s, and 50 ms more per request in the replica. A
@@ -50,42 +51,16 @@ from app.routing.figures import FleetFigures, ReplicaRouting
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
 COLD_WAIT_PER_REQUEST_S = 0.05
 TIE_S = 0.002  # predictions this close are the same: the random draw decides
+# Predictions within this much of the best (absolute, or a share of it) are offered to Serve together, whose probe of
+# each replica's ongoing requests (live, where the reports are up to a second old) then takes the less loaded. Without
+# it, unrelated prompts went 0.84x power-of-two's tokens/s (routing runs of 01:03 and 01:18, W3).
+NEAR_S, NEAR_SHARE = 0.05, 0.1
 PENDING_MAX_S = 60.0  # a sent request never reported back stops counting after this long
 MAX_RETRY_AFTER_S = 60
 # x-session-id hints remembered (least recent forgotten). A hint counts only for a prompt whose tokens are not known
 # here (its tokenizer did not load at the ingress): the session's last replica is taken to hold its previous prompt.
 SESSIONS = 10_000
 _TIMINGS = 1024  # decision times kept for the p99
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One replica's prediction for one request."""
-
-    replica: str
-    first_token_s: float
-    cached_tokens: int
-    measured: bool  # its wait comes from a measured pace (not the cold estimate)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """Where a request goes: `ranked` best first (the first group are replicas with room)."""
-
-    key: int
-    candidates: tuple[Candidate, ...]  # in rank order
-    names: tuple[int, ...]  # the prompt's block names (empty: its tokens are unknown here)
-    prompt_tokens: int
-    block_tokens: int
-    refusal: OverTimeTarget | None = None
-    session: str = ""
-
-    @property
-    def ranked(self) -> tuple[str, ...]:
-        return tuple(c.replica for c in self.candidates)
-
-    def predicted_for(self, replica: str) -> Candidate | None:
-        return next((c for c in self.candidates if c.replica == replica), None)
 
 
 @dataclass
@@ -97,6 +72,7 @@ class _Replica:
     pending: dict[int, tuple[float, float]] = field(default_factory=dict)  # key -> (prefill s, sent at)
     prefilling: dict[int, int] = field(default_factory=dict)  # block name -> requests sent whose prefill computes it
     unconfirmed: set[int] = field(default_factory=set)  # names expected from requests sent, none answered yet
+    prefilled: set[int] = field(default_factory=set)  # keys of pending requests past their first output
     figures: ReplicaRouting = field(default_factory=ReplicaRouting)
 
 
@@ -152,8 +128,12 @@ class FleetRouter:
         candidates.sort(key=lambda c: (c.replica not in with_room, math.floor(c.first_token_s / TIE_S),
                                        zlib.crc32(f"{names[0]}:{c.replica}".encode()) if names else self._rng.random()))
         best = candidates[0]
+        slack = max(NEAR_S, NEAR_SHARE * best.first_token_s)
+        near = sum(1 for c in candidates if (c.replica in with_room) == (best.replica in with_room)
+                   and c.first_token_s <= best.first_token_s + slack)
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
-                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s), session)
+                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s), session,
+                            near)
         if decision.refusal is None:
             self._sent(decision, best, now)
             self._remember(session, best.replica, tokens)
@@ -204,6 +184,7 @@ class FleetRouter:
         they came (a poll, then its broadcast) is taken as shown."""
         for key in [k for k, (_, sent) in state.pending.items() if now - sent > PENDING_MAX_S]:
             del state.pending[key]
+            state.prefilled.discard(key)
         shown_before = state.seen_at - 2 * self._stats_period_s
         return sum(s for s, sent in state.pending.values() if sent >= shown_before)
 
@@ -226,7 +207,7 @@ class FleetRouter:
         """The request's first output came from `replica` after `first_token_s`, its engine having found
         `cached_tokens` of its `prompt_tokens` in the prefix cache (None: not reported)."""
         state = self._replicas.get(replica)
-        self._release(decision)
+        self._release(decision, keep_in_batch=True)
         if prompt_tokens is not None:
             self._remember(decision.session, replica, prompt_tokens)
         if state is None:
@@ -267,16 +248,32 @@ class FleetRouter:
             state.blocks.forget(never)
             state.unconfirmed.difference_update(never)
 
-    def _release(self, decision: Decision) -> None:
+    def _release(self, decision: Decision, keep_in_batch: bool = False) -> None:
+        """Its prefill is done (or will never be): its blocks are no longer being computed, and its pending work
+        is only its place in the batch (`keep_in_batch`, until `finished`) or nothing."""
         for state in self._replicas.values():
-            if state.pending.pop(decision.key, None) is None:
+            entry = state.pending.pop(decision.key, None)
+            if entry is None:
                 continue
+            if keep_in_batch:
+                load = state.load or ReplicaLoad()
+                per_request = load.per_request_s if load.per_request_s is not None else COLD_WAIT_PER_REQUEST_S
+                state.pending[decision.key] = (per_request, entry[1])
+            if decision.key in state.prefilled:
+                continue
+            state.prefilled.add(decision.key)
             for name in decision.names:
                 left = state.prefilling.get(name, 0) - 1
                 if left > 0:
                     state.prefilling[name] = left
                 else:
                     state.prefilling.pop(name, None)
+
+    def finished(self, decision: Decision) -> None:
+        """The request's stream ended after answering: it no longer counts where it ran."""
+        for state in self._replicas.values():
+            state.pending.pop(decision.key, None)
+            state.prefilled.discard(decision.key)
 
     # -- figures -----------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from app.config.model import ModelConfig
 from app.engine.interface import GenerateRequest, PromptInput
 from app.engine.prompt_render import Renderer, ingress_renderer, render_prompt, truncated
 from app.host.replica_load import ReplicaLoad
-from app.routing.fleet_router import Decision, FleetRouter
+from app.routing.decision import Decision
+from app.routing.fleet_router import FleetRouter
 
 log = logging.getLogger(__name__)
 

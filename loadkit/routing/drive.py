@@ -1,8 +1,9 @@
 """Sends one workload (workloads.py) to a service and records every request as its client saw it: streamed, greedy,
 `ignore_eos` so every answer has the same length, usage included (the engine's cached tokens with it).
 
-Completions go out `concurrency` at a time; chat sessions `concurrency` at a time, each turn after the previous
-answer and a think time, the answer kept in the history, the session named in `X-Session-Id`.
+Completions go out `concurrency` at a time; chat sessions all at once (a chat service's users do not wait for each
+other), each turn after the previous answer and a think time, the answer kept in the history, the session named in
+`X-Session-Id`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 
 from loadkit.routing.workloads import OUTPUT_TOKENS, Request
 
-THINK_S = 0.5
+THINK_S = 1.0
 TIMEOUT_S = 300.0
 
 
@@ -63,7 +64,7 @@ async def drive(base_url: str, model: str, requests: list[Request], concurrency:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     gate = asyncio.Semaphore(concurrency)
     outcomes: list[Outcome] = []
-    limits = httpx.Limits(max_connections=concurrency * 2)
+    limits = httpx.Limits(max_connections=max(concurrency, len(requests)) * 2)
     async with httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT_S, limits=limits) as client:
 
         async def completion(request: Request) -> None:
@@ -73,19 +74,17 @@ async def drive(base_url: str, model: str, requests: list[Request], concurrency:
                 outcomes.append(outcome)
 
         async def session(request: Request) -> None:
-            async with gate:
-                messages = [{"role": "system", "content": request.system}]
-                for i, turn in enumerate(request.turns):
-                    if i:
-                        await asyncio.sleep(THINK_S)
-                    messages.append({"role": "user", "content": turn})
-                    outcome, answer = await _stream(client, "/v1/chat/completions",
-                                                    {**_body(model), "messages": messages},
-                                                    {**headers, "X-Session-Id": request.session})
-                    outcomes.append(outcome)
-                    if outcome.status != 200:
-                        return
-                    messages.append({"role": "assistant", "content": answer})
+            messages = [{"role": "system", "content": request.system}]
+            for i, turn in enumerate(request.turns):
+                if i:
+                    await asyncio.sleep(THINK_S)
+                messages.append({"role": "user", "content": turn})
+                outcome, answer = await _stream(client, "/v1/chat/completions", {**_body(model), "messages": messages},
+                                                {**headers, "X-Session-Id": request.session})
+                outcomes.append(outcome)
+                if outcome.status != 200:
+                    return
+                messages.append({"role": "assistant", "content": answer})
 
         started = time.monotonic()
         await asyncio.gather(*(session(r) if r.is_session else completion(r) for r in requests))

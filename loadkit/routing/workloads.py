@@ -3,8 +3,9 @@
 - W1 shared system prompts: vLLM's own prefix-repetition generator (`vllm bench serve --dataset-name
   prefix_repetition`, the workload of Ray's published prefix-routing result): 1,024-token prefixes, 64-token
   suffixes, 32 output tokens, as many prefixes as fit both replicas' caches together but not one's;
-- W2 multi-turn chat: sessions that each add a turn to a growing history (a system prompt, then user turns; the
-  model's own answers kept), with think time between turns, the session named in `X-Session-Id`;
+- W2 multi-turn chat: 12 sessions at once, each adding a turn to a growing history (a 512-token system prompt, then
+  128-token user turns, the model's own answers kept; up to ~1,500 tokens) with think time between turns, the session
+  named in `X-Session-Id`: their histories together fit two replicas' caches, not one's;
 - W3 control: unrelated prompts (every prefix used once);
 - W4 hotspot: one prefix carries 70 % of the requests.
 
@@ -32,7 +33,7 @@ class Shape:
     suffix_tokens: int = 64
     prefixes: int = 16  # W1: 16 x 8 blocks of 128 fit two 0.25 GiB caches (91 blocks each) together, not one
     per_prefix: int = 4
-    sessions: int = 8
+    sessions: int = 12
     turns: int = 6
     system_tokens: int = 512
     turn_tokens: int = 128

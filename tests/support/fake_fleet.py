@@ -46,8 +46,9 @@ class _Generate:
     def __init__(self, fleet: FakeFleet):
         self._fleet = fleet
 
-    def remote(self, request: GenerateRequest, avoid: tuple[str, ...] = (), prefer: tuple[str, ...] = ()):
-        order = [r for r in prefer if r not in avoid] or [r for r in self._fleet.hosts if r not in avoid]
+    def remote(self, request: GenerateRequest, avoid: tuple[str, ...] = (), prefer: tuple = ()):
+        ranked = [r for group in prefer for r in group]  # a group's first: Serve's probe is not modelled here
+        order = [r for r in ranked if r not in avoid] or [r for r in self._fleet.hosts if r not in avoid]
         replica = order[0]
         self._fleet.sent.append((request.request_id, replica))
         return _Response(self._fleet, replica, request)

@@ -36,11 +36,12 @@ def _ids(seed: int, tokens: int) -> list[int]:
 
 
 def _sent_and_answered(router: FleetRouter, loads, ids, cached: int | None = None) -> str:
-    """Routes `ids`, and reports its first output with `cached` tokens (default: what the router predicted)."""
+    """Routes `ids`, reports its first output with `cached` tokens (default: what the router predicted), and its end."""
     decision = router.choose(loads, ids)
     assert decision is not None and decision.refusal is None
     best = decision.candidates[0]
     router.answered(decision, best.replica, best.cached_tokens if cached is None else cached, 0.1)
+    router.finished(decision)
     return best.replica
 
 
@@ -69,6 +70,11 @@ def test_a_prompt_follows_its_cached_prefix_and_its_prediction_counts_only_the_u
         assert best.first_token_s == pytest.approx(0.2 + 40e-3)  # its wait, then only the 40 uncached tokens
         assert other.first_token_s == pytest.approx(0.2 + 1064e-3)
         router.answered(decision, first, 1024, 0.25)
+        # Past its first token it still counts where it runs (its place in the batch) until it ends.
+        again = router.choose(loads, system + _ids(100 + turn, 40))
+        assert again is not None and again.candidates[0].first_token_s == pytest.approx(0.2 + 0.01 + 8e-3)
+        router.ended(again)
+        router.finished(decision)
 
 
 def test_a_warm_replica_loses_the_request_once_its_queue_costs_more_than_the_prefill_it_saves():
@@ -94,6 +100,14 @@ def test_a_burst_decided_between_two_reports_spreads_once_the_pending_work_outwe
     share = {r: sum(1 for d in decisions if d is not None and d.ranked[0] == r) for r in loads}
     # 10 ms per pending request against ~0.5 s of prefill saved: the warm replica takes the first ~50, then both.
     assert min(share.values()) >= 20, share
+
+
+def test_near_best_replicas_are_offered_together_so_serve_s_live_probe_takes_the_less_loaded():
+    router = FleetRouter(rng=random.Random(0))
+    close = router.choose({"r1": _load(wait_s=1.00), "r2": _load(wait_s=1.05), "r3": _load(wait_s=3.0)}, _ids(1, 8))
+    assert close is not None and close.ranks == ((close.ranked[0], close.ranked[1]), ("r3",))
+    apart = router.choose({"r1": _load(wait_s=1.00), "r2": _load(wait_s=1.5)}, _ids(2, 8))
+    assert apart is not None and apart.ranks == (("r1",), ("r2",))
 
 
 def test_identical_idle_replicas_share_unrelated_prompts_at_random():

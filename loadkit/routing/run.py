@@ -2,11 +2,11 @@
 multi-node cluster (`python -m app cluster up`: a head and two worker nodes, each confined to its own core).
 
 The KubeRay manifest's Serve config is deployed with `serve deploy` (two engine replicas, one per worker node) once
-per system and round, changed only in `deployment.routing`, a small KV cache (`engine.kv_cache_gib`, so that W1's
-prefixes fit two replicas' caches together but not one's) and one ingress replica (its /metrics then holds every
-routing figure). Rounds alternate the order of the systems (A B, then B A); every round has new prompts. Each
-deployment first serves a warm-up (16 short unrelated prompts) so the replicas have measured their pace. The table
-and a plot go into docs/routing.md; every figure names this machine.
+per system and round, changed only in `deployment.routing`, no first-token target, a small KV cache
+(`engine.kv_cache_gib`, so that W1's prefixes fit two replicas' caches together but not one's) and one ingress
+replica (its /metrics then holds every routing figure). Rounds alternate the order of the systems (A B, then B A);
+every round has new prompts. Each deployment first serves a warm-up (16 short unrelated prompts) so the replicas
+have measured their pace. The table and a plot go into docs/routing.md; every figure names this machine.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def serve_config(port: int, routing: str, kv_cache_gib: float) -> dict:
     model = app["args"]["config"]["models"][0]
     model["engine"]["kv_cache_gib"] = kv_cache_gib
     model["deployment"]["routing"] = routing
+    # No first-token target: the run compares where requests go, not admission by time (whose refusals would end
+    # requests, differently for each system); the other benchmarks run the same way (loadkit/peers.py).
+    model["deployment"]["ttft_target_s"] = None
     app["args"]["config"]["service"]["drain_grace_s"] = 2
     for deployment in app["deployments"]:
         if deployment["name"] == INGRESS_DEPLOYMENT:

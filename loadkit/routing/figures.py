@@ -43,10 +43,14 @@ class Row:
     wall_s: float = 0.0
     counters: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
     decision_p99_s: float | None = None
+    shares: list[float] = field(default_factory=list)  # each round's busiest replica's share of prompt tokens
 
     def add(self, outcomes: list[Outcome], wall_s: float, counted: dict[str, dict[str, float]]) -> None:
         self.outcomes += outcomes
         self.wall_s += wall_s
+        prompt = counted.get("vllm:prompt_tokens", {})
+        if sum(prompt.values()):  # per round: each deployment's replicas have ids of their own
+            self.shares.append(max(prompt.values()) / sum(prompt.values()))
         for name, per in counted.items():
             if name == "app_routing_decision_p99_seconds":
                 value = per.get("", float("nan"))
@@ -79,10 +83,8 @@ class Row:
         return self._total("vllm:prefix_cache_hits") / queries if queries else None
 
     def busiest_share(self) -> float | None:
-        """The largest replica's share of the prompt tokens the engines processed."""
-        per = self.counters.get("vllm:prompt_tokens", {})
-        total = sum(per.values())
-        return max(per.values()) / total if total else None
+        """The largest replica's share of the prompt tokens the engines processed, averaged over the rounds."""
+        return sum(self.shares) / len(self.shares) if self.shares else None
 
     def precision(self) -> float | None:
         predicted = self._total("app_routed_predicted_cached_tokens")

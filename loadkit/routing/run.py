@@ -95,7 +95,9 @@ def run(o: argparse.Namespace, env: dict[str, str], key: str) -> dict[str, dict[
             warm = [Request(prompt=f"Warm-up {round_} {system} {i}: say something.") for i in range(16)]
             asyncio.run(drive(base, MODEL_ID, warm, o.concurrency, key))
             for workload in o.workloads:
-                requests = build(workload, tokenizer, shape, seed=1000 * (round_ + 1) + WORKLOADS.index(workload))
+                # Seeds ten apart: a workload's second stream (seed + 1) never repeats another's prompts.
+                requests = build(workload, tokenizer, shape,
+                                 seed=1000 * (round_ + 1) + 10 * WORKLOADS.index(workload))
                 before = _metrics(base)
                 outcomes, wall = asyncio.run(drive(base, MODEL_ID, requests, o.concurrency, key))
                 after = _metrics(base)

@@ -234,32 +234,18 @@ def _tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
     return found
 
 
-HEAD_GRACE_S = 8.0
-
-
 def stop_node(node: Node, grace_s: float = 40) -> None:
     """SIGTERM to the node's session (`ray start --block` then stops its node), SIGKILL after `grace_s`."""
-    stop_nodes([node], grace_s)
-
-
-def stop_nodes(nodes: list[Node], grace_s: float = 40) -> None:
-    """`stop_node` for several nodes at once: all told first, then each waited for within one `grace_s` (one after
-    the other, each worker's drain added to the teardown: 40 s of the local cluster tests' teardown in CI)."""
-    told = []
-    for node in nodes:
-        try:
-            os.killpg(node.pid, signal.SIGTERM)
-            told.append(node)
-        except ProcessLookupError:
-            continue
-    deadline = time.monotonic() + grace_s
-    for node in told:
-        try:
-            psutil.Process(node.pid).wait(timeout=max(0.0, deadline - time.monotonic()))
-        except psutil.TimeoutExpired:
-            os.killpg(node.pid, signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    try:
+        os.killpg(node.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        psutil.Process(node.pid).wait(timeout=grace_s)
+    except psutil.TimeoutExpired:
+        os.killpg(node.pid, signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass
 
 
 def add_worker(
@@ -292,12 +278,8 @@ def down(state_dir: Path = STATE_DIR) -> int:
     if not state_path.exists():
         return 0
     state = ClusterState.load(state_path)
-    head, workers = state.nodes[0], list(state.nodes[1:])
-    stop_nodes(workers)  # the workers together, then the head they report to
-    # The head's `ray start --block` asks its GCS to drain the node after the GCS has begun to stop, and waits ~30 s
-    # for an answer that cannot come (measured: 35 s of a 37 s `cluster down`, ending in "Timed out while waiting
-    # for GCS"); its node's processes are gone by then, and what is not is killed below by the cluster's tag.
-    stop_node(head, grace_s=HEAD_GRACE_S)
+    for node in reversed(state.nodes):
+        stop_node(node)
     leftovers = _kill_all(_tagged(state.tag))
     state_path.unlink()
     return leftovers

@@ -30,6 +30,16 @@ CLUSTER_DIR_ENV = "APP_CLUSTER_DIR"
 SERVE = str(Path(sys.executable).with_name("serve"))
 
 
+def cluster_cli(env: dict[str, str], *args: str) -> str:
+    """`python -m app cluster <args>` with `env` (its state dir in `CLUSTER_DIR_ENV`); its last line of output."""
+    done = subprocess.run([sys.executable, "-m", "app", "cluster", *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"`python -m app cluster {' '.join(args)}` failed ({done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+
+
 @dataclass(frozen=True)
 class ReplicaActor:
     replica_id: str  # Serve's replica id (the last part of the actor's name)

@@ -187,8 +187,6 @@ class HandleBackend:
                                                      time.monotonic() - sent, prompt_tokens)
                     answered = True
                     yield item
-                if first_output and decision is not None and self.routing is not None:
-                    self.routing.router.finished(decision)
                 return
             except Exception as err:
                 refused_by = err.refused.replica if isinstance(err, RefusedBy) else ""
@@ -205,7 +203,7 @@ class HandleBackend:
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)
             finally:
-                if self.routing is not None and decision is not None:  # no answer, or a stream cut short
+                if self.routing is not None and decision is not None:  # the router hears how it ended, once
                     (self.routing.router.finished if first_output else self.routing.router.ended)(decision)
                 try:
                     response.cancel()  # no-op when finished; otherwise the replica sees CancelledError and aborts

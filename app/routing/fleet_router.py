@@ -76,6 +76,12 @@ class _Replica:
     figures: ReplicaRouting = field(default_factory=ReplicaRouting)
 
 
+def _per_request_s(state: _Replica) -> float:
+    """What one more request in the batch adds to a first token there (the cold estimate until measured)."""
+    measured = state.load.per_request_s if state.load is not None else None
+    return measured if measured is not None else COLD_WAIT_PER_REQUEST_S
+
+
 class FleetRouter:
     def __init__(self, stats_period_s: float = 0.5, rng: random.Random | None = None):
         self._stats_period_s = stats_period_s
@@ -166,7 +172,7 @@ class FleetRouter:
         state = self._replicas[to.replica]
         load = state.load or ReplicaLoad()
         rate = load.prefill_s_per_token if load.prefill_s_per_token is not None else DEFAULT_PREFILL_S_PER_TOKEN
-        per_request = load.per_request_s if load.per_request_s is not None else COLD_WAIT_PER_REQUEST_S
+        per_request = _per_request_s(state)
         state.pending[decision.key] = (per_request + rate * max(0, decision.prompt_tokens - to.cached_tokens), now)
         for name in decision.names:
             state.prefilling[name] = state.prefilling.get(name, 0) + 1
@@ -256,9 +262,7 @@ class FleetRouter:
             if entry is None:
                 continue
             if keep_in_batch:
-                load = state.load or ReplicaLoad()
-                per_request = load.per_request_s if load.per_request_s is not None else COLD_WAIT_PER_REQUEST_S
-                state.pending[decision.key] = (per_request, entry[1])
+                state.pending[decision.key] = (_per_request_s(state), entry[1])
             if decision.key in state.prefilled:
                 continue
             state.prefilled.add(decision.key)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from loadkit.chaos.faults import FAULTS, Target
 from loadkit.chaos.round import ANSWER_TOKENS, DOC, LONG_STREAMS, RoundResult, passed, row, run_round, section
-from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster
+from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster, cluster_cli
 from loadkit.long_stream import LONG
 from loadkit.machine import git_commit, machine, vllm_version
 from loadkit.markdown import write_section
@@ -38,20 +36,11 @@ def serve_config(manifest: Path, port: int, drain_grace_s: float) -> dict:
     return config
 
 
-def _cluster_cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "app", "cluster", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"`python -m app cluster {' '.join(args)}` failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
-    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-
-
 def drive(o: argparse.Namespace, env: dict[str, str], key: str) -> list[RoundResult]:
     cluster = LocalCluster(o.work_dir / "cluster")
     port = free_port()
     target = Target(cluster, APP_NAME, ENGINE_DEPLOYMENT, serve_config(o.manifest, port, o.drain_grace), o.work_dir,
-                    add_worker=lambda: _cluster_cli(env, "add-worker"))
+                    add_worker=lambda: cluster_cli(env, "add-worker"))
     log(f"deploying {o.manifest.name}'s serveConfigV2 onto the cluster (proxy on 127.0.0.1:{port})")
     cluster.deploy(target.serve_config, o.work_dir)
     wait_until(target.whole, timeout_s=o.round_timeout, interval_s=2, what="both engine replicas serving")
@@ -93,12 +82,12 @@ def main(argv: list[str]) -> int:
     results: list[RoundResult] = []
     log(f"starting a local cluster (a head and 2 worker nodes; state in {o.work_dir / 'cluster'})")
     try:
-        _cluster_cli(env, "up", "--workers", "2")
+        cluster_cli(env, "up", "--workers", "2")
         results = drive(o, env, key)
     except KeyboardInterrupt:
         log("interrupted")
     finally:
-        log(_cluster_cli(env, "down") or "cluster down")
+        log(cluster_cli(env, "down") or "cluster down")
     facts = [f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command.strip()}`, commit "
              f"{commit.text}; vLLM {vllm}; {facts_machine.cpu_text}, {facts_machine.memory_gib} GiB.",
              f"Each round: 2 plain + 2 streaming SDK clients ({ANSWER_TOKENS} tokens, greedy and sampled) and "

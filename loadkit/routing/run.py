@@ -16,15 +16,13 @@ import asyncio
 import json
 import os
 import secrets
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import httpx
 
-from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster
+from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster, cluster_cli
 from loadkit.machine import git_commit, machine, vllm_version
 from loadkit.markdown import MarkedSection, write_section
 from loadkit.peers import APP_NAME, ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, MANIFEST, MODEL_ID, manifest_serve_config
@@ -55,15 +53,6 @@ def serve_config(port: int, routing: str, kv_cache_gib: float) -> dict:
         if deployment["name"] == INGRESS_DEPLOYMENT:
             deployment["num_replicas"] = 1
     return config
-
-
-def _cluster_cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "app", "cluster", *args], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"`python -m app cluster {' '.join(args)}` failed ({done.returncode}):\n"
-                           f"{done.stderr[-3000:]}")
-    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
 
 
 def _metrics(base: str) -> dict[str, dict[str, float]]:
@@ -134,12 +123,12 @@ def main(argv: list[str]) -> int:
     log(f"starting a local cluster (a head and 2 worker nodes; state in {o.work_dir / 'cluster'})")
     rows: dict[str, dict[str, Row]] = {}
     try:
-        _cluster_cli(env, "up", "--workers", "2")
+        cluster_cli(env, "up", "--workers", "2")
         rows = run(o, env, key)
     except KeyboardInterrupt:
         log("interrupted")
     finally:
-        log(_cluster_cli(env, "down") or "cluster down")
+        log(cluster_cli(env, "down") or "cluster down")
     if not rows:
         return 1
     header = (f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command.strip()}`, commit "

@@ -280,14 +280,16 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
     replica, long greedy streams included."""
     cluster = two_replicas.cluster
     before = cluster.engine_cores(DEPLOYMENT)
-    victim_id, victim = next(iter(before.items()))
     resumed = len(cluster.worker_lines(RESUMED))
     with openai.OpenAI(base_url=f"{two_replicas.base_url}/v1", api_key=KEY, max_retries=0, timeout=300) as c:
         reference = c.chat.completions.create(model=MODEL, extra_body={"ignore_eos": True}, **LONG)
+    victim: psutil.Process | None = None
     try:
         with two_replicas.load(plain=2, streaming=2) as load:
             load.wait_served(6, what="steady load before the SIGSTOP")
             streams = _streams_under_way(two_replicas)
+            victim_id = _busiest(two_replicas)
+            victim = before[victim_id]
             stopped_at, stopped_wall = time.monotonic(), time.time()
             victim.suspend()
             for s in streams:
@@ -299,8 +301,10 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
             cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
             load.wait_served(6, what="the load served once both engines serve")
     finally:
+        # A stopped process outlives SIGTERM: never leave one behind a failed test.
         with contextlib.suppress(psutil.NoSuchProcess):
-            victim.kill()  # a stopped process outlives SIGTERM: never leave one behind a failed test
+            if victim is not None:
+                victim.kill()
     wedged = [ln for ln in cluster.replica_log_lines(pid)
               if ln["ts"] >= stopped_wall and " wedged: " in ln.get("message", "")]
     moved = _resumed_since(cluster, resumed)
@@ -341,7 +345,6 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
     and seeded n > 1 continued elsewhere give exactly the answer of the same request run undisturbed."""
     cluster = two_fake_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
-    victim_id, victim_pid = next(iter(before.items()))
     twins = {name: LongStream(two_fake_replicas.base_url, KEY, MODEL, **request) for name, request in TWINS.items()}
     for twin in twins.values():
         twin.start()
@@ -356,6 +359,8 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
             s.start()
         wait_until(lambda: all(s.chunks >= 3 for _, s in disturbed), timeout_s=300, interval_s=0.2,
                    what="every twin-checked stream under way")
+        victim_id = _busiest(two_fake_replicas)
+        victim_pid = before[victim_id]
         killed_at = time.monotonic()
         psutil.Process(victim_pid).kill()
         for s in [*streams, *(s for _, s in disturbed)]:
@@ -445,11 +450,12 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     ingresses = cluster.replicas(INGRESS_NAME)
     assert proxies == ["head"] and ingresses and all(r.node == "" for r in ingresses), \
         f"clients must reach the head only: proxies on {proxies}, ingress replicas {ingresses}"
-    victim = cluster.replicas(DEPLOYMENT)[0]
     resumed_before = len(cluster.worker_lines(RESUMED))
     with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the node is lost")
         streams = _streams_under_way(two_fake_replicas)
+        busiest = _busiest(two_fake_replicas)
+        victim = next(r for r in cluster.replicas(DEPLOYMENT) if r.replica_id == busiest)
         lost_at = time.monotonic()
         said = cluster.lose_node(victim.node)
         for s in streams:
@@ -465,6 +471,17 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     for s in streams:
         assert s.whole() is None, s.whole()
     assert resumed, "no request was on the lost node's replica: the test proved nothing about moving one"
+
+
+def _busiest(deployment: Deployment) -> str:
+    """The id of the replica with the most requests in it now (the ingress's /stats). The fleet router sends the
+    long streams' shared prompt where its prefix is cached, so they may all be on one replica and none on the other:
+    a fault must hit the one that holds them to prove they move (the CI run of 03:30 stopped the idle one)."""
+    r = httpx.get(f"{deployment.base_url}/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    r.raise_for_status()
+    replicas = {rid: s for rid, s in r.json()[MODEL]["replicas"].items() if s is not None}
+    assert replicas, "no replica answered /stats"
+    return max(replicas, key=lambda rid: replicas[rid]["admission"]["in_system"])
 
 
 def _streams_under_way(deployment: Deployment, count: int = 4) -> list[LongStream]:

@@ -53,16 +53,19 @@ class ApiKeys:
         return bool(self.digests)
 
     def accept(self, authorization: bytes) -> bool:
-        """Whether an `Authorization` header carries an accepted bearer key. Compared against every digest,
-        so the time taken says nothing about which one matched or how close a guess was."""
+        return self.match(authorization) is not None
+
+    def match(self, authorization: bytes) -> bytes | None:
+        """The digest of the accepted bearer key an `Authorization` header carries (None: none). Compared against
+        every digest, so the time taken says nothing about which one matched or how close a guess was."""
         scheme, _, token = authorization.partition(b" ")
         if scheme.lower() != b"bearer" or not token.strip():
-            return False
+            return None
         presented = hashlib.sha256(token.strip()).digest()
         matched = False
         for digest in self.digests:
             matched |= hmac.compare_digest(presented, digest)
-        return matched
+        return presented if matched else None
 
 
 def resolve(entries: Iterable[str]) -> tuple[str, ...]:

@@ -99,6 +99,15 @@ class QueueFull(ServiceError):
     code = "queue_full"
 
 
+class TenantOverShare(QueueFull):
+    """Refused while waiting, or at arrival to a full replica: its tenant is the most served of those waiting, and a
+    less served tenant's request took its place (app/host/fair_queue.py). Always 429."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "tenant_over_share"
+
+
 class QueueFullUnavailable(QueueFull):
     status = 503
     type = "service_unavailable"

@@ -30,6 +30,7 @@ from app.config.app_config import AppConfig  # noqa: E402
 from app.config.autoscaling import AutoscalingSettings  # noqa: E402
 from app.config.model import DeploymentConfig, EngineConfig, LimitsConfig, ModelConfig  # noqa: E402
 from app.config.service import ServiceConfig  # noqa: E402
+from app.config.tenants import TenantConfig  # noqa: E402
 from app.engine.model_store import CACHE_ENV  # noqa: E402
 
 DOC = REPO / "docs" / "configuration.md"
@@ -44,6 +45,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("models[].deployment", DeploymentConfig),
     ("models[].deployment.autoscaling", AutoscalingSettings),
     ("models[].limits", LimitsConfig),
+    ("tenants[]", TenantConfig),
 ]
 SECTION_OF = {model: heading for heading, model in SECTIONS}
 
@@ -54,6 +56,8 @@ CROSS_KEY_RULES = [
     "`engine.tensor_parallel_size` above 1 needs GPUs (`deployment.num_gpus` above 0).",
     "`engine.fake_token_delay_s` is for `engine_kind: fake` only.",
     "Model `id`s must be unique.",
+    "Tenant `name`s must be unique, and a key belongs to exactly one tenant: it may appear once across "
+    "`service.api_keys` and every `tenants[].api_keys` (plain and `sha256:` forms of one key are the same key).",
 ]
 
 INTRO = f"""\

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-from app.api_keys import ApiKeys
 from app.cli.reaper import become_subreaper, kill_descendants, reap_zombies
 from app.cli.serve_steps import (
     QUIET_PRIVATE_RAY,
@@ -33,6 +32,7 @@ from app.cli.serve_steps import (
 from app.config.app_config import AppConfig, load_config
 from app.config.common import DEFAULT_MODEL_SOURCE, ConfigError
 from app.config.model import ModelConfig
+from app.tenancy import Tenants
 
 # configs/cpu.yaml, through the package's link to it: found from a checkout and from an installed wheel alike.
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml").resolve()
@@ -128,7 +128,7 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
             gave_up=lambda: stop.event.is_set() or failed.seen(),
             pause=stop.event.wait,
         ):
-            keys = len(ApiKeys.of(config.with_resolved_keys().service.api_keys).digests)
+            keys = len(Tenants(config.with_resolved_keys()).keys.digests)
             say(
                 f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:"
                 f"{config.service.port}/v1 (ready in {time.monotonic() - started:.0f} s; HTTP answered by "

@@ -9,10 +9,12 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from app.api_keys import digest_of, is_digest
 from app.api_keys import resolve as resolve_keys
 from app.config.common import ConfigError, StrictModel
 from app.config.model import ModelConfig
 from app.config.service import ServiceConfig
+from app.config.tenants import TenantConfig
 
 
 class AppConfig(StrictModel):
@@ -20,6 +22,8 @@ class AppConfig(StrictModel):
 
     service: ServiceConfig = ServiceConfig()
     models: tuple[ModelConfig, ...] = Field(..., min_length=1, description="Served models; the first is listed first.")
+    tenants: tuple[TenantConfig, ...] = Field(
+        (), description="Who shares the service: each tenant's keys, weight and priority (docs/tenants.md).")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> AppConfig:
@@ -29,14 +33,36 @@ class AppConfig(StrictModel):
             raise ValueError(f"model ids must be unique; repeated: {', '.join(dupes)}")
         return self
 
+    @model_validator(mode="after")
+    def _each_key_one_tenant(self) -> AppConfig:
+        names = [t.name for t in self.tenants]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"tenant names must be unique; repeated: {', '.join(dupes)}")
+        owner: dict[str, str] = {}
+        places = [(f"service.api_keys.{i}", k) for i, k in enumerate(self.service.api_keys)]
+        places += [(f"tenants.{t}.api_keys.{i}", k) for t, tenant in enumerate(self.tenants)
+                   for i, k in enumerate(tenant.api_keys)]
+        for path, key in places:
+            digest = key if is_digest(key) else digest_of(key)
+            if digest in owner:
+                raise ValueError(f"{path}: this key is already given at {owner[digest]}; a key belongs to exactly one "
+                                 "tenant")
+            owner[digest] = path
+        return self
+
     def model(self, model_id: str) -> ModelConfig | None:
         return next((m for m in self.models if m.id == model_id), None)
 
     def with_resolved_keys(self) -> AppConfig:
         """This config with every key (the file's and this process's environment's) as a digest in
         `service.api_keys`: what the replicas are deployed with, wherever their own environment lacks."""
-        service = self.service.model_copy(update={"api_keys": resolve_keys(self.service.api_keys)})
-        return self.model_copy(update={"service": service})
+        tenant_keys = {digest_of(k) if not is_digest(k) else k for t in self.tenants for k in t.api_keys}
+        # A key of the environment that a tenant names is that tenant's, not one of its own.
+        service = self.service.model_copy(
+            update={"api_keys": tuple(k for k in resolve_keys(self.service.api_keys) if k not in tenant_keys)})
+        tenants = tuple(t.model_copy(update={"api_keys": tuple(sorted(
+            k if is_digest(k) else digest_of(k) for k in t.api_keys))}) for t in self.tenants)
+        return self.model_copy(update={"service": service, "tenants": tenants})
 
 
 def _describe(err: ValidationError) -> str:

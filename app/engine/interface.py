@@ -1,10 +1,9 @@
 """The Engine interface and the neutral types that cross it: the one seam between serving and inference.
 
-`EngineHost` (host/engine_host.py) talks to an engine only through `Engine`, which it is given by its
-constructor; `VLLMEngine` (engine/vllm/engine.py) and `FakeEngine` (engine/fake.py) both implement it,
-and `rayserve.replicas.make_engine` picks one. The request types (`PromptInput`, `GenerateRequest`,
-`Admitted`) and the output types here are all that crosses this seam and the Ray handle: no
-vLLM, FastAPI or OpenAI wire types. This module imports neither of its implementations.
+`EngineHost` (host/engine_host.py) talks to an engine only through `Engine`, which it is given by its constructor;
+`VLLMEngine` (engine/vllm/engine.py) and `FakeEngine` (engine/fake.py) both implement it, and
+`rayserve.replicas.make_engine` picks one. The request types (`PromptInput`, `GenerateRequest`, `Admitted`) and the
+output types here are all that crosses this seam and the Ray handle: no vLLM, FastAPI or OpenAI wire types.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from app.tenancy import Tenant
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class GenerateRequest:
     resumed_tokens: int = 0
     after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
     session_id: str = ""  # the client's X-Session-Id: a hint to the fleet router (app/routing/), never a pin
+    tenant: Tenant = Tenant()  # who sent it (app/tenancy.py): its share of the replica's admission
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class EmbedRequest:
     dimensions: int | None = None  # Matryoshka: the vectors' first `dimensions` values, renormalized
     trace_id: str = ""
     ttft_target_s: float | None = None  # the client's own target for the answer (an embedding is one output)
+    tenant: Tenant = Tenant()
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,7 @@ class ChoiceDelta:
     # instead (EngineDead / EngineFailed), so a cut-short answer never reads as a normal "stop".
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
-    # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is then only
-    # what the model wrote besides them.
+    # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is the rest.
     tool_calls: tuple[ToolCallDelta, ...] = ()
     token_ids: tuple[int, ...] | None = None  # with return_token_ids: this piece's token ids
     # vLLM's: what ended a "stop" choice, the stop token id or the stop string (None: end-of-sequence, or running)
@@ -208,8 +210,7 @@ class GenerationDelta:
     # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
     # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
     prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
-    # With prompt_logprobs, on the first delta: the first prompt token's text (it has no logprob; completions'
-    # `echo` with `logprobs` lists it first, as vLLM's server does).
+    # With prompt_logprobs, on the first delta: the first prompt token's text (echo with logprobs lists it first).
     prompt_first_token: str | None = None
 
 
@@ -251,7 +252,6 @@ class Engine(Protocol):
     closed early must be followed by `abort(request_id)`; the host does that in a `finally`."""
 
     def start(self) -> None: ...
-
     @property
     def kv_cache_tokens(self) -> int:
         """How many tokens the KV cache holds; known after `start()`."""
@@ -270,8 +270,8 @@ class Engine(Protocol):
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                     **template: Any) -> list[int]:
-        """Apply the chat template (with `tools` if any) and tokenize. `template`: `add_generation_prompt`
-        (default true), `continue_final_message` (default false) and any extra template variables."""
+        """The chat template applied (with `tools` if any), tokenized. `template`: `add_generation_prompt` (default
+        true), `continue_final_message` (default false), extra template variables."""
         ...
 
     def encode(self, text: str) -> list[int]: ...

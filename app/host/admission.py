@@ -23,59 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 
-from app.errors import QueueFull, QueueTimeout, ServiceUnavailable
+from app.errors import QueueFull, QueueTimeout, ServiceUnavailable, TenantOverShare
 from app.host.demand import DemandMeter
+from app.host.fair_queue import FairQueue
 from app.host.pace import EnginePace, Prediction, Work
 from app.host.stats import AdmissionStats
-from app.host.time_refusals import NO_TARGETS, Targets, never_in_time, over_time
+from app.host.ticket import EVICTED as _EVICTED
+from app.host.ticket import RELEASED as _RELEASED
+from app.host.ticket import RESERVED as _RESERVED
+from app.host.ticket import RUNNING as _RUNNING
+from app.host.ticket import WAITING as _WAITING
+from app.host.ticket import Ticket
+from app.host.time_refusals import Targets, never_in_time, over_time
+from app.tenancy import ANONYMOUS, Tenant
 
-_RESERVED, _WAITING, _RUNNING, _RELEASED = "reserved", "waiting", "running", "released"
 # How often the queue is checked again against the pace (on a first token, while requests wait): each check
 # simulates the whole queue once (~1 ms for 64 queued behind 32 running).
 SWEEP_EVERY_S = 1.0
-
-
-class Ticket:
-    __slots__ = (
-        "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
-        "backlog", "batch", "predicted_first_s", "asked_at", "targets", "queued_at", "_future",
-    )
-
-    def __init__(self, admission: Admission):
-        self._admission = admission
-        self.state = _RESERVED
-        self.tokens = self.prompt_tokens = self.max_steps = self.steps = 0
-        self.started = self.last_output = 0.0
-        self.backlog = self.batch = 0  # prefill backlog (own prompt included) and batch at its start
-        self.predicted_first_s = 0.0  # the model's prediction at admission (0: none), and when it was made
-        self.asked_at = 0.0
-        self.targets = Targets()
-        self.queued_at = 0.0  # when it joined the queue (its targets count from just before)
-        self._future: asyncio.Future[None] | None = None
-
-    async def admit(self, tokens: int, timeout_s: float, targets: Targets = NO_TARGETS, prompt_tokens: int = 0,
-                    max_steps: int = 0) -> None:
-        """Waits for a slot for `tokens` (prompt + n * max_tokens) of the budget. With `targets`, the
-        request (`prompt_tokens`, at most `max_steps` decode steps: its max_tokens) is refused at once with
-        `OverTimeTarget` when the prediction misses them. `QueueTimeout` when the wait runs out."""
-        await self._admission._admit(self, tokens, timeout_s, targets, prompt_tokens, max_steps)
-
-    def produced(self, steps: int) -> None:
-        """The engine's next output for this request: `steps` more tokens of each choice."""
-        self._admission._produced(self, steps)
-
-    def work(self, now: float) -> Work:
-        return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,
-                    started_s_ago=now - self.started if self.state == _RUNNING else 0.0,
-                    first_output=self.last_output > 0)
-
-    def release(self, completed: bool = False) -> None:
-        """Gives the slot back. `completed`: it ran to its end, so its length teaches the pace how much of
-        `max_tokens` requests generate; a request cut short (hang-up, timeout, error) would teach it too
-        little, and queued starts would then be predicted early (docs/overload.md)."""
-        self._admission._release(self, completed)
 
 
 class Admission:
@@ -90,7 +55,7 @@ class Admission:
         self._running = 0
         self._tokens_in_use = 0
         self._in_system = 0
-        self._waiting: deque[Ticket] = deque()
+        self._waiting: FairQueue[Ticket] = FairQueue()  # fair between tenants (host/fair_queue.py)
         self._running_tickets: set[Ticket] = set()
         self._refused_time = 0
         self._last_prediction: Prediction | None = None
@@ -125,16 +90,20 @@ class Admission:
         return self.pace.predict(Work(prompt_tokens=0, max_tokens=1), (t.work(now) for t in self._running_tickets),
                                  (t.work(now) for t in self._waiting) if behind_queue else (), self.max_running)
 
-    def reserve(self) -> Ticket:
-        self.refuse_if_full()
+    def reserve(self, tenant: Tenant = ANONYMOUS) -> Ticket:
+        self.refuse_if_full(tenant)
         self._in_system += 1
-        return Ticket(self)
+        self._waiting.entered(tenant)
+        return Ticket(self, tenant)
 
-    def refuse_if_full(self) -> None:
+    def refuse_if_full(self, tenant: Tenant = ANONYMOUS) -> None:
         """Raises the refusal `reserve` would, without reserving anything: for work done before a slot is
-        taken (tokenizing), so that a full replica still refuses before that work."""
+        taken (tokenizing), so that a full replica still refuses before that work. Full, a tenant less served than
+        another that waits takes the place of that one's newest waiting request (host/fair_queue.py)."""
         if self._closed_reason:
             raise ServiceUnavailable(self._closed_reason, retry_after_s=5)
+        if self._in_system >= self.max_running + self.max_queued and (victim := self._waiting.over_share(tenant)):
+            self._evict(victim)
         if self._in_system >= self.max_running + self.max_queued:
             self._refused_full += 1
             raise self._refusal(
@@ -142,6 +111,18 @@ class Admission:
                 "retry after the Retry-After delay, with backoff",
                 retry_after_s=self.retry_after_s(),
             )
+
+    def _evict(self, ticket: Ticket) -> None:
+        """`ticket` out of the queue and the system now (its release later gives back nothing more), refused."""
+        self._waiting.remove(ticket)
+        self._waiting.left(ticket.tenant)
+        ticket.state = _EVICTED
+        self._in_system -= 1
+        self._refused_full += 1
+        if ticket._future is not None and not ticket._future.done():
+            ticket._future.set_exception(TenantOverShare(
+                f"Tenant '{ticket.tenant.name}' is over its share of this replica while others wait; retry after the "
+                "Retry-After delay", retry_after_s=self.retry_after_s()))
 
     def _fits(self, tokens: int) -> bool:
         if self._running >= self.max_running:
@@ -154,6 +135,7 @@ class Admission:
         self._running += 1
         self._tokens_in_use += ticket.tokens
         self._running_tickets.add(ticket)
+        self._waiting.started(ticket.tenant, ticket.prompt_tokens)
         ticket.batch = self._running
         ticket.backlog = sum(t.prompt_tokens for t in self._running_tickets if not t.last_output)
 
@@ -203,6 +185,7 @@ class Admission:
                 self.pace.decoded(self._running, steps, now - ticket.last_output)
         ticket.steps += steps
         ticket.last_output = now
+        self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
         self.demand.served(steps, now)
 
     def _sweep(self, now: float, judged: bool) -> None:
@@ -258,7 +241,8 @@ class Admission:
             ) from None
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None:
-        if ticket.state == _RELEASED:
+        if ticket.state in (_RELEASED, _EVICTED):
+            ticket.state = _RELEASED
             return
         if ticket.state == _RUNNING:
             self._running -= 1
@@ -271,11 +255,12 @@ class Admission:
             self._waiting.remove(ticket)
         ticket.state = _RELEASED
         self._in_system -= 1
+        self._waiting.left(ticket.tenant)
         self._pump()
 
     def _pump(self) -> None:
-        while self._waiting and self._fits(self._waiting[0].tokens):
-            ticket = self._waiting.popleft()
+        while (head := self._waiting.head()) is not None and self._fits(head.tokens):
+            ticket = self._waiting.pop_head()
             self._start(ticket)
             if ticket._future is not None and not ticket._future.done():
                 ticket._future.set_result(None)

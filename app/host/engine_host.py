@@ -122,7 +122,7 @@ class EngineHost:
         # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
         # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
         self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
-        self.admission.refuse_if_full()
+        self.admission.refuse_if_full(request.tenant)
         arrived = time.monotonic()
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
@@ -169,7 +169,7 @@ class EngineHost:
         self.prompts.refuse_dimensions(request.dimensions)
         for prompt in request.inputs:
             self.prompts.refuse_certainly_too_long(prompt)
-        self.admission.refuse_if_full()
+        self.admission.refuse_if_full(request.tenant)
         arrived = time.monotonic()
         deadline = asyncio.get_running_loop().time() + request.timeout_s
         prompts_ids = await self.prompts.tokenize_all(request.inputs)
@@ -194,7 +194,7 @@ class EngineHost:
                         finish_s: float | None, learn_from_end: bool, **logged: Any) -> AsyncIterator[_Visit]:
         """A slot in the admission for the request's prompt and outputs, within its targets less the time already
         spent (tokenizing); released at the end, whatever the end, with the request's one log line."""
-        visit = _Visit(self.admission.reserve(), arrived)
+        visit = _Visit(self.admission.reserve(request.tenant), arrived)
         visit.mark("rendered_ms")
         spent = time.monotonic() - arrived
         targets = Targets(first_token_s=None if first_s is None else first_s - spent,
@@ -210,7 +210,8 @@ class EngineHost:
         finally:
             visit.ticket.release(completed=learn_from_end and visit.outcome == "finished")
             log.info("engine request", extra={
-                "request_id": request.request_id, "trace_id": request.trace_id, "model": self.model.id,
+                "request_id": request.request_id, "trace_id": request.trace_id, "model": self.model.id, "tenant":
+                request.tenant.name,
                 "outcome": visit.outcome, "prompt_tokens": prompt_tokens, "generated_tokens": visit.generated,
                 **logged, **visit.timings,
             })

@@ -14,12 +14,12 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api_keys import ApiKeys
 from app.config.app_config import AppConfig
 from app.errors import (
     HeadersTooLarge,
@@ -33,6 +33,7 @@ from app.errors import (
 from app.http.loop_lag import LoopLagProbe
 from app.http.metrics import Metrics
 from app.http.wire_json import error_response
+from app.tenancy import Tenant, Tenants
 
 OPEN_PATHS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes need no key
 # Refused before the body is read when every model is at capacity: generation, and tokenizing (which costs
@@ -51,7 +52,11 @@ class Capacity:
     """What this ingress has in flight per model, against what the model's replicas can hold at most
     (replicas x (max_ongoing + max_queued)). Past that, the replicas would refuse anyway: refusing
     here costs no Ray call, so a refusal stays cheap when it matters most, under overload. The
-    replicas' own admission remains the authority (with several ingress replicas this is per ingress)."""
+    replicas' own admission remains the authority (with several ingress replicas this is per ingress).
+
+    Per tenant (app/tenancy.py): a full model still lets through a tenant holding less than an even share of it,
+    whose request then takes the place of a more served tenant's at the replica (app/host/fair_queue.py); so one
+    tenant filling the service cannot lock the others out here."""
 
     def __init__(self, config: AppConfig):
         self.limit = {
@@ -59,20 +64,28 @@ class Capacity:
             for m in config.models
         }
         self.inflight = {m.id: 0 for m in config.models}
+        self.held: dict[str, Counter[str]] = {m.id: Counter() for m in config.models}  # per model, by tenant
         self._refusal = queue_full_class(config.service.refusal_status)
 
-    def refusal_if_all_full(self) -> ServiceError | None:
-        """Every model at capacity: any generation request would be refused, whatever its body says."""
-        if all(self.inflight[m] >= self.limit[m] for m in self.limit):
+    def _full_for(self, model_id: str, tenant: Tenant) -> bool:
+        if self.inflight[model_id] < self.limit[model_id]:
+            return False
+        held = self.held[model_id]
+        return held[tenant.name] >= self.limit[model_id] / (len(held) + (tenant.name not in held))
+
+    def refusal_if_all_full(self, tenant: Tenant) -> ServiceError | None:
+        """Every model at capacity for `tenant`: any generation request of its would be refused, whatever its body."""
+        if all(self._full_for(m, tenant) for m in self.limit):
             return self._refusal(
                 "Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1
             )
         return None
 
-    async def track(self, model_id: str, stream: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    async def track(self, model_id: str, stream: AsyncGenerator[Any, None],
+                    tenant: Tenant) -> AsyncGenerator[Any, None]:
         """`stream`, counted from its first `anext` until it is closed, however that happens: by the
         end of the stream, an error, the client leaving, or garbage collection of a body never sent."""
-        if self.inflight[model_id] >= self.limit[model_id]:
+        if self._full_for(model_id, tenant):
             await stream.aclose()
             raise self._refusal(
                 f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
@@ -80,11 +93,16 @@ class Capacity:
                 retry_after_s=1,
             )
         self.inflight[model_id] += 1
+        self.held[model_id][tenant.name] += 1
         try:
             async for item in stream:
                 yield item
         finally:
             self.inflight[model_id] -= 1
+            held = self.held[model_id]
+            held[tenant.name] -= 1
+            if held[tenant.name] <= 0:
+                del held[tenant.name]
             await stream.aclose()
 
 
@@ -121,7 +139,7 @@ class Gate:
     def __init__(
         self,
         app: ASGIApp,
-        keys: ApiKeys,
+        tenants: Tenants,
         max_body_bytes: int,
         request_timeout_s: float,
         watch_event_loop: bool,
@@ -138,7 +156,7 @@ class Gate:
         self.max_header_bytes = max_header_bytes
         self.metrics = metrics
         self.echo_request_id = echo_request_id
-        self.keys = keys
+        self.tenants = tenants
         self.max_body_bytes = max_body_bytes
         self.request_timeout_s = request_timeout_s
         self.loop_lag = LoopLagProbe(metrics.loop_lag) if watch_event_loop else None
@@ -171,7 +189,9 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        if self.keys and path not in OPEN_PATHS and not self.keys.accept(headers.get(b"authorization", b"")):
+        client = scope.get("client")
+        state["tenant"] = tenant = self.tenants.of(headers.get(b"authorization", b""), client[0] if client else None)
+        if tenant is None and path not in OPEN_PATHS:
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
         if header_bytes > self.max_header_bytes:
@@ -182,7 +202,7 @@ class Gate:
             return await refuse(
                 ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
             )
-        if path in CAPACITY_ENDPOINTS and (full := self.capacity.refusal_if_all_full()):
+        if path in CAPACITY_ENDPOINTS and tenant and (full := self.capacity.refusal_if_all_full(tenant)):
             return await refuse(full)  # before reading or parsing the body: under overload most requests end here
         too_large = PayloadTooLarge(
             f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
@@ -222,6 +242,9 @@ class Gate:
         endpoint = path if path in self.known_endpoints else "other"
         model = scope["state"].get("model", "-")
         self.metrics.requests.labels(model, endpoint, str(status)).inc()
+        tenant = scope["state"].get("tenant")
+        if tenant is not None and endpoint not in QUIET_ENDPOINTS:
+            self.metrics.tenant_requests.labels(tenant.metrics_label, str(status)).inc()
         if endpoint not in QUIET_ENDPOINTS:
             access_log.info(
                 "request",
@@ -231,6 +254,7 @@ class Gate:
                     "path": endpoint,
                     "status": status,
                     "model": model,
+                    "tenant": tenant.name if tenant is not None else "-",
                     "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                 },
             )

@@ -17,7 +17,6 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api_keys import ApiKeys
 from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
 from app.http import model_routes, ops_routes, routes
@@ -26,6 +25,7 @@ from app.http.ingress_state import Backend, IngressState
 from app.http.metrics import Metrics
 from app.http.wire_json import error_response
 from app.openai.json_depth import MAX_DEPTH, too_deep_text
+from app.tenancy import Tenants
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ def create_app(
     probe (http/loop_lag.py) on the loop that serves the first request; the replicas do, tests need not."""
     api = FastAPI(title="LLM service (OpenAI-compatible)", version="0.1.0")
     # Resolved where the app was built (api_keys.py), never from this replica's own environment.
-    keys = ApiKeys.of(config.service.api_keys)
+    tenants = Tenants(config)
+    keys = tenants.keys
     if keys:
         log.info(
             "authentication on: %d API key(s); every route but %s needs one",
@@ -62,7 +63,7 @@ def create_app(
     api.include_router(ops_routes.router)
     api.add_middleware(
         Gate,
-        keys=keys,
+        tenants=tenants,
         request_timeout_s=config.service.request_timeout_s,
         watch_event_loop=watch_event_loop,
         max_body_bytes=config.service.max_body_bytes,

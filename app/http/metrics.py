@@ -42,6 +42,13 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.tenant_requests = Counter(
+            "app_tenant_requests",
+            "HTTP requests answered, by tenant (configured tenants and keys by name, every client address as "
+            "`by-address`) and status.",
+            ["tenant", "status"],
+            registry=r,
+        )
         self.client_aborts = Counter(
             "app_client_disconnects",
             "Requests whose client went away before the end; their engine requests were aborted.",

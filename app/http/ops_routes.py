@@ -67,6 +67,9 @@ async def stats(request: Request) -> dict[str, Any]:
         out[model_id] = {**model, "replicas": {r: None if s is None else asdict(s) for r, s in replicas.items()}}
         if model_id in routing:
             out[model_id]["routing"] = routing[model_id].as_json()
+        # Requests in flight through this ingress, by tenant (app/tenancy.py; with several ingress replicas, each
+        # counts its own).
+        out[model_id]["tenants_in_flight"] = dict(state_of(request).capacity.held.get(model_id, {}))
     return out
 
 

@@ -108,13 +108,14 @@ async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Respons
         dimensions=body.dimensions,
         trace_id=request.state.request_id,
         ttft_target_s=targets.first_token_s,
+        tenant=request.state.tenant,
     )
 
     async def answer() -> AsyncGenerator[Embeddings, None]:
         yield await backend.embed(engine_request)
 
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
-    stream = state.capacity.track(model.id, answer())  # full: refused here, as generation is
+    stream = state.capacity.track(model.id, answer(), request.state.tenant)  # full: refused here, as generation is
     try:
         result = await anext(stream)
         timer.done(time.perf_counter())
@@ -160,11 +161,13 @@ async def _generate(
             ttft_target_s=targets.first_token_s,
             finish_target_s=targets.finish_s,
             session_id=session_hint(request.headers),
+            tenant=request.state.tenant,
         )
         for i, prompt in enumerate(prompts)
     ]
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
-    streams = [state.capacity.track(model.id, backend.generate(r)) for r in engine_requests]  # full: refused here
+    tenant = request.state.tenant
+    streams = [state.capacity.track(model.id, backend.generate(r), tenant) for r in engine_requests]  # full: refused
     # Validation and admission errors surface here, before the 200.
     stream: AsyncGenerator[Any, None]
     if len(streams) == 1:

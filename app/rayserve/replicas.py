@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from app.api_keys import API_KEYS_ENV, ApiKeys
+from app.api_keys import API_KEYS_ENV
 from app.config.app_config import AppConfig
 from app.config.common import LOOPBACK_HOSTS, ConfigError
 from app.config.model import ModelConfig
@@ -38,6 +38,7 @@ from app.rayserve.handle_backend import HandleBackend
 from app.rayserve.handle_errors import Refused
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, Addressed
 from app.routing.model_routing import ModelRouting
+from app.tenancy import Tenants
 
 log = logging.getLogger(__name__)
 # The Ray release whose replica code `_keep_replica_port_on_loopback` patches (ray.serve._private.replica).
@@ -98,7 +99,7 @@ def _serve_proxy_host() -> str | None:
 def _refuse_open_access(config: AppConfig, listen: bool) -> None:
     """No API key and reachable beyond loopback: refuse to start (or warn, per `service.without_api_keys`).
     Reachable: the replica's own socket on a non-loopback `service.host`, or Serve's proxy bound to one."""
-    if ApiKeys.of(config.service.api_keys):
+    if Tenants(config).keys:
         return
     where = config.service.host if listen else _serve_proxy_host()
     if where is None:

@@ -3,7 +3,7 @@
     cli -> rayserve -> http -> openai -> engine,   rayserve -> routing -> host -> engine,   rayserve -> scaling,
     http reads host's and routing's types only (host.stats, routing)
 
-and the base (config, errors, api_keys, logs) under all of them. Nothing imports upward or in a circle, only
+and the base (config, errors, api_keys, tenancy, logs) under all of them. Nothing imports upward or in a circle, only
 `app/engine/vllm/` imports vLLM, no module imports both FastAPI and vLLM, and every package says what it owns.
 """
 
@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app"
-BASE = {"config", "errors", "api_keys", "logs"}
+BASE = {"config", "errors", "api_keys", "tenancy", "logs"}
 # What each package (or base module) may import from app, besides itself.
 MAY_IMPORT: dict[str, set[str]] = {
     "base": {"base"},

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 import app.config.app_config
 import app.config.model
 import app.config.service
+import app.config.tenants
 from scripts import gen_config_docs  # the script as a module: scripts/ is a namespace package under the repo root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_check_notices_a_stale_doc(tmp_path):
 
 
 def test_every_config_model_and_key_is_documented():
-    modules = (app.config.app_config, app.config.model, app.config.service)
+    modules = (app.config.app_config, app.config.model, app.config.service, app.config.tenants)
     models = {obj for module in modules for obj in vars(module).values()
               if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__
               and obj.model_fields}

@@ -18,6 +18,7 @@ from app.errors import ContextLengthExceeded, QueueFull
 from app.host.engine_host import EngineHost
 from app.http.gate import route_path
 from app.http.ingress import create_app
+from app.tenancy import key_tenant_name
 from tests.support.fake_stack import MODEL_ID, chat_body, config_dict, make_config, make_request
 from tests.support.waiting import until
 
@@ -199,7 +200,10 @@ async def test_behind_a_route_prefix_probes_stay_open_and_keys_and_capacity_stil
         assert (await client.get("/llm/v1/models")).status_code == 401
         auth = {"Authorization": "Bearer k"}
         capacity = app.state.ingress.capacity
-        capacity.inflight[MODEL_ID] = capacity.limit[MODEL_ID]  # as if the one slot were taken
+        # As if this key's tenant held the one slot: a tenant holding nothing would still be let through (fair
+        # shares, app/http/gate.py's Capacity).
+        capacity.inflight[MODEL_ID] = capacity.limit[MODEL_ID]
+        capacity.held[MODEL_ID][key_tenant_name(digest_of("k").removeprefix("sha256:"))] = capacity.limit[MODEL_ID]
         r = await client.post("/llm/v1/chat/completions", content=b"not even json", headers=auth)
         assert r.status_code == 429  # refused for capacity before the body is read
         r = await client.post("/llm/tokenize", content=b"not even json", headers=auth)

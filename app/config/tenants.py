@@ -1,0 +1,32 @@
+"""Tenants: who shares the service, and on what terms (`tenants:` at the top of the file; docs/tenants.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from app.api_keys import DIGEST_PREFIX, is_digest
+from app.config.common import StrictModel
+
+
+class TenantConfig(StrictModel):
+    """One tenant: its keys, and its share of every replica when replicas are contended."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="Shown in logs, /stats and /metrics; letters, digits, '_', '.', '-'.")
+    api_keys: tuple[str, ...] = Field(..., min_length=1,
+                                      description="The tenant's bearer keys, plain or `sha256:<64 hex digits>`.")
+    weight: float = Field(1.0, gt=0, le=1000,
+                          description="Share of a contended replica, relative to the other tenants' weights.")
+    priority: Literal["interactive", "batch"] = Field(
+        "interactive", description="'batch' waits behind every interactive request and is the first refused.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for key in keys:
+            if key.startswith(DIGEST_PREFIX) and not is_digest(key):
+                raise ValueError(f"'{key[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
+                                 "digits")
+        return keys

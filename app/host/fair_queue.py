@@ -1,0 +1,142 @@
+"""FairQueue: a replica's waiting requests, served fairly between tenants by the tokens each has been served.
+
+Virtual token counters (VTC, "Fairness in Serving Large Language Models", OSDI '24): each tenant's counter is the
+service it has had here, in weighted tokens (prompt 1, each generated token 2, as VTC weighs them) divided by its
+weight. The next request admitted is the head of the waiting tenant with the lowest counter; a tenant that arrives
+with nothing in the system starts at the lowest counter of those that have something in it, so idle time earns no
+credit and a newcomer cannot starve the others either. Within a tenant, arrival order. A lone tenant gets the whole
+replica: the queue is work-conserving. The `batch` priority class waits behind every interactive tenant.
+
+When the replica is full, `over_share` names the waiting request to refuse so that a newcomer can have its place: the
+newest of the tenant holding the most places per weight (batch first), if it would still hold more than the newcomer's
+tenant with that place. Places, not counters: a newcomer's counter starts at the others', yet it holds nothing. With
+one tenant nothing changes: first come, first served, and refused when full.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterator
+from typing import Generic, Protocol, TypeVar
+
+from app.tenancy import Tenant
+
+OUTPUT_WEIGHT = 2.0  # a generated token costs twice a prompt token (VTC's weighting)
+REMEMBERED = 4096  # counters kept of tenants with nothing in the system (only those above the lowest matter)
+
+
+class Waiting(Protocol):
+    tenant: Tenant
+    prompt_tokens: int
+    tokens: int  # prompt + every choice's max_tokens
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+class FairQueue(Generic[W]):
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[W]] = {}
+        self._counter: dict[str, float] = {}
+        self._in_system: Counter[str] = Counter()
+        self._turn: dict[str, int] = {}  # when each tenant in the system last had a request admitted
+        self._turns = 0
+        self._len = 0
+
+    # -- tenants in the system ---------------------------------------------
+
+    def entered(self, tenant: Tenant) -> None:
+        """A request of `tenant` holds a place in the system (reserved, waiting or running)."""
+        if not self._in_system[tenant.name]:
+            self._counter[tenant.name] = self._lifted(tenant.name)
+        self._in_system[tenant.name] += 1
+
+    def left(self, tenant: Tenant) -> None:
+        self._in_system[tenant.name] -= 1
+        if self._in_system[tenant.name] <= 0:
+            del self._in_system[tenant.name]
+            self._turn.pop(tenant.name, None)
+            if not self._in_system:
+                self._counter.clear()  # nobody to be fair against: the next contention starts even
+                self._turns = 0
+            elif self._counter.get(tenant.name, 0.0) <= self._floor() or len(self._counter) > REMEMBERED:
+                self._counter.pop(tenant.name, None)  # it would be lifted to the floor on return anyway
+
+    def started(self, tenant: Tenant, prompt_tokens: int) -> None:
+        """A request of `tenant` admitted to the engine: its prompt charged, its turn taken."""
+        self._turns += 1
+        self._turn[tenant.name] = self._turns
+        self.charge(tenant, prompt_tokens=prompt_tokens)
+
+    def charge(self, tenant: Tenant, prompt_tokens: int = 0, generated: int = 0) -> None:
+        """Service given to `tenant`: a prompt prefilled, or tokens generated (over every choice)."""
+        self._counter[tenant.name] = (self._counter.get(tenant.name, self._floor())
+                                      + (prompt_tokens + OUTPUT_WEIGHT * generated) / tenant.weight)
+
+    def counter(self, tenant: Tenant) -> float:
+        return self._counter[tenant.name] if self._in_system[tenant.name] else self._lifted(tenant.name)
+
+    def _floor(self) -> float:
+        return min((self._counter.get(t, 0.0) for t in self._in_system), default=0.0)
+
+    def _lifted(self, name: str) -> float:
+        return max(self._counter.get(name, 0.0), self._floor())
+
+    # -- the queue ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def append(self, item: W) -> None:
+        self._queues.setdefault(item.tenant.name, deque()).append(item)
+        self._len += 1
+
+    def remove(self, item: W) -> None:
+        queue = self._queues[item.tenant.name]
+        queue.remove(item)
+        self._len -= 1
+        if not queue:
+            del self._queues[item.tenant.name]
+
+    def head(self) -> W | None:
+        """The next to admit: the head of the least served waiting tenant, interactive before batch; between equals
+        (a newcomer starts level with the others) the one whose turn was longest ago."""
+        def rank(queue: deque[W]) -> tuple[bool, float, int]:
+            tenant = queue[0].tenant
+            return tenant.batch, self._counter.get(tenant.name, 0.0), self._turn.get(tenant.name, -1)
+
+        best = min(self._queues.values(), default=None, key=rank)
+        return best[0] if best is not None else None
+
+    def pop_head(self) -> W:
+        item = self.head()
+        assert item is not None, "pop_head of an empty queue"
+        self.remove(item)
+        return item
+
+    def __iter__(self) -> Iterator[W]:
+        """Every waiting request in the order it is expected to be admitted (for the pace's predictions): each
+        tenant's requests in turn by its counter as if each were served whole when admitted."""
+        order = []
+        for name, queue in self._queues.items():
+            virtual = self._counter.get(name, 0.0)
+            for position, item in enumerate(queue):
+                order.append((item.tenant.batch, virtual, position, item))
+                generated = item.tokens - item.prompt_tokens
+                virtual += (item.prompt_tokens + OUTPUT_WEIGHT * generated) / item.tenant.weight
+        return iter([entry[-1] for entry in sorted(order, key=lambda e: e[:3])])
+
+    def over_share(self, newcomer: Tenant) -> W | None:
+        """The waiting request to refuse in favour of `newcomer` when the replica is full: the newest one of the
+        waiting tenant holding the most places per weight (batch first), if it holds more than the newcomer's tenant
+        would with one more; else None."""
+        def claim(tenant: Tenant, more: int = 0) -> tuple[bool, float]:
+            return tenant.batch, (self._in_system[tenant.name] + more) / tenant.weight
+
+        if not self._queues:
+            return None
+        victim = max((q[-1] for q in self._queues.values()), key=lambda item: claim(item.tenant))
+        return victim if claim(victim.tenant) > claim(newcomer, 1) else None

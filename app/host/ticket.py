@@ -1,0 +1,70 @@
+"""Ticket: one request's place in a replica's admission (app/host/admission.py), from `reserve` to `release`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from app.host.pace import Work
+from app.host.time_refusals import NO_TARGETS, Targets
+from app.tenancy import Tenant
+
+RESERVED, WAITING, RUNNING, RELEASED, EVICTED = "reserved", "waiting", "running", "released", "evicted"
+
+
+class Ticket:
+    __slots__ = (
+        "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
+        "backlog", "batch", "predicted_first_s", "asked_at", "targets", "queued_at", "_future", "tenant",
+    )
+
+    def __init__(self, admission: Desk, tenant: Tenant):
+        self._admission = admission
+        self.tenant = tenant
+        self.state = RESERVED
+        self.tokens = self.prompt_tokens = self.max_steps = self.steps = 0
+        self.started = self.last_output = 0.0
+        self.backlog = self.batch = 0  # prefill backlog (own prompt included) and batch at its start
+        self.predicted_first_s = 0.0  # the model's prediction at admission (0: none), and when it was made
+        self.asked_at = 0.0
+        self.targets = Targets()
+        self.queued_at = 0.0  # when it joined the queue (its targets count from just before)
+        self._future: asyncio.Future[None] | None = None
+
+    async def admit(self, tokens: int, timeout_s: float, targets: Targets = NO_TARGETS, prompt_tokens: int = 0,
+                    max_steps: int = 0) -> None:
+        """Waits for a slot for `tokens` (prompt + n * max_tokens) of the budget. With `targets`, the
+        request (`prompt_tokens`, at most `max_steps` decode steps: its max_tokens) is refused at once with
+        `OverTimeTarget` when the prediction misses them. `QueueTimeout` when the wait runs out."""
+        await self._admission._admit(self, tokens, timeout_s, targets, prompt_tokens, max_steps)
+
+    def produced(self, steps: int) -> None:
+        """The engine's next output for this request: `steps` more tokens of each choice."""
+        self._admission._produced(self, steps)
+
+    @property
+    def choices(self) -> int:
+        """n: how many answers its budget holds `max_steps` tokens for (0 for an embedding)."""
+        return (self.tokens - self.prompt_tokens) // max(1, self.max_steps)
+
+    def work(self, now: float) -> Work:
+        return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,
+                    started_s_ago=now - self.started if self.state == RUNNING else 0.0,
+                    first_output=self.last_output > 0)
+
+    def release(self, completed: bool = False) -> None:
+        """Gives the slot back. `completed`: it ran to its end, so its length teaches the pace how much of
+        `max_tokens` requests generate; a request cut short (hang-up, timeout, error) would teach it too
+        little, and queued starts would then be predicted early (docs/overload.md)."""
+        self._admission._release(self, completed)
+
+
+class Desk(Protocol):
+    """What a ticket asks of the admission that issued it."""
+
+    async def _admit(self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int,
+                     max_steps: int) -> None: ...
+
+    def _produced(self, ticket: Ticket, steps: int) -> None: ...
+
+    def _release(self, ticket: Ticket, completed: bool = False) -> None: ...

@@ -1,0 +1,60 @@
+"""Who sent a request: the tenant named by its API key (`tenants:` in the config), each `service.api_keys` key a tenant
+of its own, or, with no key configured at all, the client's address. Resolved once per request at the front door;
+the `Tenant` (never the key) travels with the request to the replica, whose admission shares its queue fairly between
+tenants (app/host/fair_queue.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.api_keys import ApiKeys, digest_of, is_digest
+
+if TYPE_CHECKING:
+    from app.config.app_config import AppConfig
+
+ADDRESS_PREFIX = "addr:"  # tenants by client address; /metrics counts them under one label, `by-address`
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str = "anonymous"
+    weight: float = 1.0
+    batch: bool = False  # priority class: batch waits behind interactive, and is refused first
+
+    @property
+    def metrics_label(self) -> str:
+        """A bounded label: configured tenants and keys by name, every client address as one."""
+        return "by-address" if self.name.startswith(ADDRESS_PREFIX) else self.name
+
+
+ANONYMOUS = Tenant()  # requests made inside the service (tests, probes) and engines hosted in-process
+
+
+def key_tenant_name(digest_hex: str) -> str:
+    """A `service.api_keys` key's own tenant: named by its digest's start, which holds no secret."""
+    return f"key-{digest_hex[:8]}"
+
+
+class Tenants:
+    """The key -> tenant directory of one config, and the accepted keys with it."""
+
+    def __init__(self, config: AppConfig):
+        by_digest: dict[bytes, Tenant] = {}
+        for entry in config.service.api_keys:
+            digest_hex = (entry if is_digest(entry) else digest_of(entry)).removeprefix("sha256:")
+            by_digest[bytes.fromhex(digest_hex)] = Tenant(key_tenant_name(digest_hex))
+        for t in config.tenants:
+            tenant = Tenant(t.name, t.weight, t.priority == "batch")
+            for entry in t.api_keys:
+                by_digest[bytes.fromhex((entry if is_digest(entry) else digest_of(entry)).removeprefix("sha256:"))] = \
+                    tenant
+        self._by_digest = by_digest
+        self.keys = ApiKeys(frozenset(by_digest))
+
+    def of(self, authorization: bytes, client_host: str | None) -> Tenant | None:
+        """The request's tenant; None when keys are configured and it carries none of them (a 401)."""
+        if not self.keys:
+            return Tenant(f"{ADDRESS_PREFIX}{client_host or 'unknown'}")
+        digest = self.keys.match(authorization)
+        return None if digest is None else self._by_digest[digest]

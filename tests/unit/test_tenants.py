@@ -1,0 +1,296 @@
+"""Tenants: the config's `tenants:`, who a request's tenant is, and a replica's admission fair between tenants by the
+tokens each has been served (app/host/fair_queue.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from app.api_keys import digest_of
+from app.config.app_config import AppConfig, parse_config
+from app.config.common import ConfigError
+from app.engine.fake import FakeEngine
+from app.errors import QueueFull, TenantOverShare
+from app.host.admission import Admission
+from app.host.fair_queue import FairQueue
+from app.host.ticket import Ticket
+from app.tenancy import Tenant, Tenants, key_tenant_name
+from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, config_dict
+from tests.support.waiting import until
+
+MODEL = {"id": "m", "source": "fake"}
+A, B, C = Tenant("a"), Tenant("b"), Tenant("c")
+
+
+def config(**top) -> AppConfig:
+    return parse_config({"models": [MODEL], **top})
+
+
+# -- the config --------------------------------------------------------------
+
+
+def test_tenants_are_declared_with_keys_weight_and_priority():
+    c = config(tenants=[{"name": "team-a", "api_keys": ["ka"], "weight": 3},
+                        {"name": "nightly", "api_keys": [digest_of("kb")], "priority": "batch"}])
+    tenants = Tenants(c.with_resolved_keys())
+    assert tenants.of(b"Bearer ka", "10.0.0.1") == Tenant("team-a", 3.0, False)
+    assert tenants.of(b"Bearer kb", "10.0.0.1") == Tenant("nightly", 1.0, True)
+    assert tenants.of(b"Bearer kc", "10.0.0.1") is None  # keys configured: no key of theirs is a 401
+    assert tenants.of(b"", None) is None
+
+
+@pytest.mark.parametrize("top, said", [
+    ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": ["k"]}]},
+     "tenants.1.api_keys.0: this key is already given at tenants.0.api_keys.0"),
+    ({"tenants": [{"name": "a", "api_keys": ["k"]}, {"name": "b", "api_keys": [digest_of("k")]}]},
+     "tenants.1.api_keys.0: this key is already given at tenants.0.api_keys.0"),  # the same key in either form
+    ({"service": {"api_keys": ["k"]}, "tenants": [{"name": "a", "api_keys": ["k"]}]},
+     "tenants.0.api_keys.0: this key is already given at service.api_keys.0"),
+    ({"tenants": [{"name": "a", "api_keys": ["k1"]}, {"name": "a", "api_keys": ["k2"]}]},
+     "tenant names must be unique; repeated: a"),
+    ({"tenants": [{"name": "a", "api_keys": []}]}, "tenants.0.api_keys"),
+    ({"tenants": [{"name": "a b", "api_keys": ["k"]}]}, "tenants.0.name"),
+    ({"tenants": [{"name": "a", "api_keys": ["k"], "weight": 0}]}, "tenants.0.weight"),
+    ({"tenants": [{"name": "a", "api_keys": ["k"], "priority": "urgent"}]}, "tenants.0.priority"),
+    ({"tenants": [{"name": "a", "api_keys": ["k"], "share": 2}]}, "tenants.0.share: unknown key"),
+])
+def test_a_wrong_tenants_list_is_refused_naming_the_key(top, said):
+    with pytest.raises(ConfigError) as err:
+        config(**top)
+    assert said in str(err.value)
+
+
+def test_each_service_key_is_a_tenant_of_its_own_and_without_keys_the_address_is(monkeypatch):
+    monkeypatch.setenv("APP_API_KEYS", "from-env")
+    keyed = Tenants(config(service={"api_keys": ["k1"]}).with_resolved_keys())
+    one, env = keyed.of(b"Bearer k1", "h"), keyed.of(b"Bearer from-env", "h")
+    assert one == Tenant(key_tenant_name(digest_of("k1").removeprefix("sha256:")))
+    assert env is not None and env.name != one.name and "k1" not in one.name
+    monkeypatch.delenv("APP_API_KEYS")
+    open_ = Tenants(config())
+    assert open_.of(b"", "10.0.0.7") == Tenant("addr:10.0.0.7")
+    assert open_.of(b"", "10.0.0.7").metrics_label == "by-address"  # one label for every address
+
+
+def test_an_environment_key_a_tenant_names_stays_that_tenant_s(monkeypatch):
+    monkeypatch.setenv("APP_API_KEYS", "shared")
+    resolved = config(tenants=[{"name": "t", "api_keys": ["shared"]}]).with_resolved_keys()
+    assert resolved.service.api_keys == ()
+    assert Tenants(resolved).of(b"Bearer shared", None) == Tenant("t")
+
+
+# -- the fair queue ----------------------------------------------------------
+
+
+class Item:
+    def __init__(self, tenant: Tenant, prompt_tokens: int = 10, tokens: int = 30):
+        self.tenant, self.prompt_tokens, self.tokens = tenant, prompt_tokens, tokens
+
+
+def test_the_least_served_waiting_tenant_goes_first_and_one_tenant_is_fifo():
+    q: FairQueue[Item] = FairQueue()
+    for t in (A, B):
+        q.entered(t)
+    q.charge(A, prompt_tokens=100)
+    a1, a2, b1 = Item(A), Item(A), Item(B)
+    for item in (a1, a2, b1):
+        q.append(item)
+    assert q.head() is b1 and list(q)[0] is b1
+    q.charge(B, generated=100)  # b now served 200, a 100
+    assert q.head() is a1
+    assert q.pop_head() is a1 and q.pop_head() is a2 and q.pop_head() is b1 and not q
+
+
+def test_a_tenant_arriving_starts_at_the_least_served_in_the_system_so_idle_time_earns_nothing():
+    q: FairQueue[Item] = FairQueue()
+    q.entered(A)
+    q.charge(A, prompt_tokens=1000)
+    q.entered(B)
+    assert q.counter(B) == q.counter(A) == 1000
+    q.entered(C)
+    q.charge(B, prompt_tokens=10)
+    q.left(A)
+    assert q.counter(A) == 1000  # remembered: it cannot come back with credit
+    q.left(B), q.left(C)
+    q.entered(A)
+    assert q.counter(A) == 0  # the system emptied: the next contention starts even
+
+
+def test_weights_divide_the_service_counted():
+    q: FairQueue[Item] = FairQueue()
+    heavy = Tenant("heavy", weight=4)
+    q.entered(heavy), q.entered(A)
+    q.charge(heavy, prompt_tokens=400)
+    q.charge(A, prompt_tokens=100)
+    assert q.counter(heavy) == q.counter(A) == 100
+
+
+def test_batch_waits_behind_interactive_and_is_refused_first():
+    q: FairQueue[Item] = FairQueue()
+    nightly = Tenant("nightly", batch=True)
+    for t in (A, nightly):
+        q.entered(t)
+    q.charge(A, prompt_tokens=10_000)
+    batch, interactive = Item(nightly), Item(A)
+    q.append(batch), q.append(interactive)
+    assert q.head() is interactive
+    assert q.over_share(Tenant("b")) is batch
+    assert q.over_share(Tenant("other-batch", batch=True)) is None  # a batch newcomer never displaces better
+
+
+def test_over_share_names_the_newest_of_the_tenant_holding_the_most_places():
+    q: FairQueue[Item] = FairQueue()
+    a1, a2, b1 = Item(A), Item(A), Item(B)
+    for item in (a1, a2, b1):
+        q.entered(item.tenant), q.append(item)
+    assert q.over_share(A) is None  # A's own newcomer: first come, first served
+    assert q.over_share(B) is None  # B would hold two places as A does: an even split stands
+    assert q.over_share(C) is a2  # C holds none: A's newest gives way
+    q.remove(a2), q.left(A)
+    assert q.over_share(C) is None  # one place each: even
+    heavy = Tenant("heavy", weight=3)
+    assert q.over_share(heavy) is not None  # by weight: a third of a place against one
+    for _ in range(3):
+        q.entered(heavy)
+    assert q.over_share(heavy) is None  # four places at weight 3 are more than one at weight 1
+
+
+# -- admission over tenants ----------------------------------------------------
+
+
+def admission(max_running=1, max_queued=2) -> Admission:
+    return Admission(max_running=max_running, max_queued=max_queued, token_budget=10_000, queue_timeout_s=30)
+
+
+async def test_a_tenant_with_a_backlog_shares_the_replica_with_one_that_arrives_later():
+    adm = admission(max_running=1, max_queued=20)
+    running = adm.reserve(A)
+    await running.admit(30, 5, prompt_tokens=10, max_steps=20)
+    order: list[str] = []
+    tickets: dict[Ticket, asyncio.Task] = {}
+
+    def wait(tenant: Tenant) -> None:
+        ticket = adm.reserve(tenant)
+
+        async def run() -> None:
+            await ticket.admit(30, 30, prompt_tokens=10, max_steps=20)
+            order.append(tenant.name)
+        tickets[ticket] = asyncio.create_task(run())
+
+    for _ in range(6):
+        wait(A)
+    for _ in range(3):
+        wait(B)
+    await until(lambda: adm.stats().waiting == 9, what="nine waiting")
+    current = running
+    while tickets or current is not None:
+        current.produced(20)
+        current.release(completed=True)
+        current = next((t for t in tickets if t.state == "running"), None)
+        if current is not None:
+            await tickets.pop(current)
+    # B, arriving behind six of A's, is served every other turn: not after all of them.
+    assert order[:6] == ["b", "a", "b", "a", "b", "a"], order
+    assert adm.stats().in_system == 0
+
+
+async def test_full_a_less_served_tenant_takes_the_place_of_the_most_served_one_s_newest():
+    adm = admission(max_running=1, max_queued=2)
+    hog = adm.reserve(A)
+    await hog.admit(30, 5, prompt_tokens=10, max_steps=20)
+    hog.produced(20)
+    queued = [adm.reserve(A) for _ in range(2)]
+    tasks = [asyncio.create_task(t.admit(30, 30, prompt_tokens=10, max_steps=20)) for t in queued]
+    await until(lambda: adm.stats().waiting == 2, what="two of A's waiting")
+    with pytest.raises(QueueFull) as full:
+        adm.reserve(A)  # A itself, full: refused as ever
+    assert not isinstance(full.value, TenantOverShare)
+    light = adm.reserve(B)  # B has had nothing: A's newest waiting request gives way
+    with pytest.raises(TenantOverShare) as err:
+        await tasks[1]
+    assert err.value.status == 429 and err.value.code == "tenant_over_share" and err.value.retry_after_s
+    queued[1].release()  # its handler's finally: gives back nothing more
+    assert adm.stats().in_system == 3
+    light_task = asyncio.create_task(light.admit(30, 30, prompt_tokens=10, max_steps=20))
+    await until(lambda: adm.stats().waiting == 2, what="B waiting")
+    hog.release(completed=True)
+    await light_task  # B first: it is less served than A
+    assert not tasks[0].done()
+    light.release(), await asyncio.sleep(0)
+    await tasks[0]
+    queued[0].release()
+    assert adm.stats().in_system == 0 and adm.stats().running == 0
+
+
+async def test_with_one_tenant_the_queue_is_first_come_first_served_as_before():
+    adm = admission(max_running=2, max_queued=30)
+    rng = random.Random(3)
+    tickets = [adm.reserve(A) for _ in range(32)]
+    tasks = [asyncio.create_task(t.admit(rng.randint(2, 40), 30, prompt_tokens=1, max_steps=1)) for t in tickets]
+    await until(lambda: adm.stats().waiting == 30, what="thirty waiting")
+    started = []
+    for _ in range(32):
+        ticket = next(t for t in tickets if t.state == "running" and t not in started)
+        started.append(ticket)
+        ticket.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert started == tickets
+
+
+# -- at the front door ---------------------------------------------------------
+
+
+def tenant_stack(make_stack, token_delay_s: float = 0.0):
+    data = config_dict(deployment={"max_ongoing_requests": 1, "max_queued_requests": 2, "queue_timeout_s": 30})
+    data["tenants"] = [{"name": "heavy", "api_keys": ["k-heavy"]}, {"name": "light", "api_keys": ["k-light"]}]
+    stack = make_stack(parse_config(data), FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=token_delay_s))
+    seen: list[Tenant] = []
+    generate = stack.host.generate
+
+    def spying(request):
+        seen.append(request.tenant)
+        return generate(request)
+    stack.host.generate = spying
+    return stack, seen
+
+
+def key(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer k-{name}"}
+
+
+async def test_the_tenant_of_the_key_reaches_the_replica_and_an_unknown_key_is_a_401(make_stack):
+    stack, seen = tenant_stack(make_stack)
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("light"))
+    assert r.status_code == 200, r.text
+    assert seen == [Tenant("light")]
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("other"))
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+
+
+async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):
+    """One slot and two queue places, all taken by `heavy`: `light` is still let in at the front door (it holds
+    less than an even share), takes the place of heavy's newest waiting request, and is answered before heavy's
+    other waiting one; heavy's displaced request gets `429 tenant_over_share`."""
+    stack, _ = tenant_stack(make_stack, token_delay_s=0.05)
+    c = stack.client
+    heavy = [asyncio.create_task(c.post("/v1/chat/completions", json=chat_body(f"h{i}", max_tokens=8),
+                                        headers=key("heavy"))) for i in range(3)]
+    await until(lambda: stack.host.admission.stats().in_system == 3, what="heavy holding every place")
+    stats = (await c.get("/stats", headers=key("light"))).json()[MODEL_ID]
+    assert stats["tenants_in_flight"] == {"heavy": 3}
+    refused = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("heavy"))
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full", refused.text
+    light = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("light"))
+    assert light.status_code == 200, light.text
+    answers = await asyncio.gather(*heavy)
+    codes = sorted(r.json()["error"]["code"] if r.status_code != 200 else "ok" for r in answers)
+    assert codes == ["ok", "ok", "tenant_over_share"], [r.text for r in answers]
+    over = next(r for r in answers if r.status_code == 429)
+    assert int(over.headers["retry-after"]) >= 1
+    assert stack.host.admission.stats().in_system == 0
+    metrics = (await c.get("/metrics")).text
+    assert 'app_tenant_requests_total{status="429",tenant="heavy"} 2.0' in metrics
+    assert 'app_tenant_requests_total{status="200",tenant="light"} 2.0' in metrics  # /stats and its chat

@@ -108,6 +108,15 @@ class TenantOverShare(QueueFull):
     code = "tenant_over_share"
 
 
+class TenantRateLimited(ServiceError):
+    """Refused at the front door: the tenant is at its `max_concurrent`, `requests_per_minute` or `tokens_per_minute`
+    (app/http/tenant_limits.py). Not tried on another replica: the limit is the tenant's, not a replica's."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "tenant_rate_limited"
+
+
 class QueueFullUnavailable(QueueFull):
     status = 503
     type = "service_unavailable"

@@ -22,6 +22,15 @@ class TenantConfig(StrictModel):
     priority: Literal["interactive", "batch"] = Field(
         "interactive", description="'batch' waits behind every interactive request and is the first refused.")
 
+    max_concurrent: int | None = Field(None, ge=1, description="Requests in flight at once; more get "
+                                       "`429 tenant_rate_limited`. Per ingress replica.")
+    requests_per_minute: int | None = Field(None, ge=1, description="Requests let in over any 60 s; more get "
+                                            "`429 tenant_rate_limited`. Per ingress replica.")
+    tokens_per_minute: int | None = Field(
+        None, ge=1, description="Tokens over any 60 s, reserved before any work for the most a request can cost "
+        "(its prompt's bound plus n x max_tokens) and settled to its real usage at its end, so a burst cannot overrun "
+        "it. Per ingress replica.")
+
     @field_validator("api_keys")
     @classmethod
     def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:

@@ -21,17 +21,20 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config.app_config import AppConfig
+from app.engine.interface import Admitted, Embeddings, GenerationDelta
 from app.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
     RequestTimeout,
     ServiceError,
     ServiceUnavailable,
+    TenantRateLimited,
     Unauthorized,
     queue_full_class,
 )
 from app.http.loop_lag import LoopLagProbe
 from app.http.metrics import Metrics
+from app.http.tenant_limits import Reservation, TenantLimits
 from app.http.wire_json import error_response
 from app.tenancy import Tenant, Tenants
 
@@ -65,6 +68,7 @@ class Capacity:
         }
         self.inflight = {m.id: 0 for m in config.models}
         self.held: dict[str, Counter[str]] = {m.id: Counter() for m in config.models}  # per model, by tenant
+        self.limits = TenantLimits(config.tenants)
         self._refusal = queue_full_class(config.service.refusal_status)
 
     def _full_for(self, model_id: str, tenant: Tenant) -> bool:
@@ -81,11 +85,15 @@ class Capacity:
             )
         return None
 
-    async def track(self, model_id: str, stream: AsyncGenerator[Any, None],
-                    tenant: Tenant) -> AsyncGenerator[Any, None]:
+    async def track(self, model_id: str, stream: AsyncGenerator[Any, None], tenant: Tenant,
+                    reservation: Reservation | None = None) -> AsyncGenerator[Any, None]:
         """`stream`, counted from its first `anext` until it is closed, however that happens: by the
-        end of the stream, an error, the client leaving, or garbage collection of a body never sent."""
+        end of the stream, an error, the client leaving, or garbage collection of a body never sent. Its tokens
+        (prompt and generated) settle `reservation` at that end."""
+        used = 0
         if self._full_for(model_id, tenant):
+            if reservation is not None:
+                reservation.settle(0)
             await stream.aclose()
             raise self._refusal(
                 f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
@@ -96,14 +104,27 @@ class Capacity:
         self.held[model_id][tenant.name] += 1
         try:
             async for item in stream:
+                used += _tokens_of(item)
                 yield item
         finally:
+            if reservation is not None:
+                reservation.settle(used)
             self.inflight[model_id] -= 1
             held = self.held[model_id]
             held[tenant.name] -= 1
             if held[tenant.name] <= 0:
                 del held[tenant.name]
             await stream.aclose()
+
+
+def _tokens_of(item: object) -> int:
+    if isinstance(item, Admitted):
+        return item.prompt_tokens
+    if isinstance(item, GenerationDelta):
+        return sum(c.num_tokens for c in item.choices)
+    if isinstance(item, Embeddings):
+        return item.prompt_tokens
+    return 0
 
 
 class Lifecycle:
@@ -204,6 +225,12 @@ class Gate:
             )
         if path in CAPACITY_ENDPOINTS and tenant and (full := self.capacity.refusal_if_all_full(tenant)):
             return await refuse(full)  # before reading or parsing the body: under overload most requests end here
+        limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None
+        if limited is not None:
+            try:
+                self.capacity.limits.admit_request(limited)  # its concurrency and request rate, before the body
+            except TenantRateLimited as err:
+                return await refuse(err)
         too_large = PayloadTooLarge(
             f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
         )
@@ -234,6 +261,8 @@ class Gate:
                 access_log.warning("request %s cut off past its time limit while writing its response", request_id)
         finally:
             self.lifecycle.leave()
+            if limited is not None:
+                self.capacity.limits.done(limited)
             self._record(scope, status, started)
 
     def _record(self, scope: Scope, status: int, started: float) -> None:

@@ -11,11 +11,14 @@ import pytest
 from app.api_keys import digest_of
 from app.config.app_config import AppConfig, parse_config
 from app.config.common import ConfigError
+from app.config.tenants import TenantConfig
 from app.engine.fake import FakeEngine
-from app.errors import QueueFull, TenantOverShare
+from app.engine.interface import PromptInput
+from app.errors import QueueFull, TenantOverShare, TenantRateLimited
 from app.host.admission import Admission
 from app.host.fair_queue import FairQueue
 from app.host.ticket import Ticket
+from app.http.tenant_limits import TenantLimits, prompt_token_bound
 from app.tenancy import Tenant, Tenants, key_tenant_name
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, config_dict
 from tests.support.waiting import until
@@ -294,3 +297,89 @@ async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):
     metrics = (await c.get("/metrics")).text
     assert 'app_tenant_requests_total{status="429",tenant="heavy"} 2.0' in metrics
     assert 'app_tenant_requests_total{status="200",tenant="light"} 2.0' in metrics  # /stats and its chat
+
+
+# -- limits at the front door (app/http/tenant_limits.py) ------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limits(clock: Clock, **limit) -> TenantLimits:
+    return TenantLimits([TenantConfig(name="a", api_keys=("k",), **limit)], clock=clock)
+
+
+def test_requests_per_minute_slide_and_say_when_there_is_room():
+    clock = Clock()
+    lim = limits(clock, requests_per_minute=3)
+    for _ in range(2):
+        lim.admit_request(A)
+        lim.done(A)
+    clock.now += 20
+    lim.admit_request(A)
+    with pytest.raises(TenantRateLimited) as err:
+        lim.admit_request(A)
+    assert err.value.code == "tenant_rate_limited" and err.value.retry_after_s == pytest.approx(40)
+    clock.now += 40.5  # the first two are out of the window
+    lim.admit_request(A)
+    lim.admit_request(B)  # a tenant without limits is not counted
+
+
+def test_max_concurrent_counts_requests_in_flight():
+    lim = limits(Clock(), max_concurrent=2)
+    lim.admit_request(A), lim.admit_request(A)
+    with pytest.raises(TenantRateLimited):
+        lim.admit_request(A)
+    lim.done(A)
+    lim.admit_request(A)
+
+
+def test_tokens_are_reserved_for_the_most_and_settled_to_the_use():
+    clock = Clock()
+    lim = limits(clock, tokens_per_minute=100)
+    first = lim.reserve_tokens(A, 60)
+    with pytest.raises(TenantRateLimited) as err:
+        lim.reserve_tokens(A, 60)  # 120 would pass 100, even though the first has used nothing yet
+    assert err.value.retry_after_s == pytest.approx(60)
+    assert first is not None
+    first.settle(10)  # it used 10: the rest is given back at once
+    second = lim.reserve_tokens(A, 60)
+    with pytest.raises(TenantRateLimited) as never:
+        lim.reserve_tokens(A, 101)  # more than the whole budget: waiting does not help
+    assert never.value.retry_after_s is None and never.value.param == "max_tokens"
+    with pytest.raises(TenantRateLimited):
+        lim.reserve_each(A, [20, 40])  # all or none: the 20 is given back
+    assert lim.reserve_tokens(A, 30) is not None and second is not None
+
+
+def test_prompt_token_bound_is_never_below_the_tokens():
+    text = "héllo wörld 👋 " * 20
+    assert prompt_token_bound(PromptInput(text=text)) == len(text.encode())
+    assert prompt_token_bound(PromptInput(token_ids=(1, 2, 3))) == 3
+    messages = ({"role": "user", "content": text},)
+    assert prompt_token_bound(PromptInput(messages=messages)) > len(text.encode())
+
+
+async def test_a_concurrent_burst_never_overruns_a_token_budget(make_stack):
+    """64 requests at once against a budget a dozen fit in: the tokens the served ones used (as their usage says) are
+    within the budget, the rest are refused with 429 tenant_rate_limited before any work, and once the served ones
+    have settled to their use, the room they did not use is there again."""
+    budget = 1000
+    data = config_dict(deployment={"max_ongoing_requests": 4, "max_queued_requests": 64})
+    data["tenants"] = [{"name": "metered", "api_keys": ["k-metered"], "tokens_per_minute": budget}]
+    stack = make_stack(parse_config(data), FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.01))
+    answers = await asyncio.gather(*(stack.client.post(
+        "/v1/chat/completions", json=chat_body(f"q{i}", max_tokens=16), headers=key("metered")) for i in range(64)))
+    served = [r.json()["usage"]["total_tokens"] for r in answers if r.status_code == 200]
+    refused = [r.json()["error"]["code"] for r in answers if r.status_code != 200]
+    assert served and refused and set(refused) == {"tenant_rate_limited"}
+    assert sum(served) <= budget
+    assert all(r.headers.get("retry-after") for r in answers if r.status_code == 429)
+    again = await stack.client.post("/v1/chat/completions", json=chat_body("more", max_tokens=16),
+                                    headers=key("metered"))
+    assert again.status_code == 200, again.text  # the unused reservations came back

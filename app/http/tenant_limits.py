@@ -1,0 +1,145 @@
+"""TenantLimits: each tenant's `max_concurrent`, `requests_per_minute` and `tokens_per_minute` (config `tenants:`),
+enforced at the front door before any work, with token budgets that a burst cannot overrun.
+
+Tokens are reserved when a request is let in, for the most it can cost: its prompt's bound (`prompt_token_bound`: at
+most one token per byte of text, byte-level tokenizers never do worse) plus every choice's `max_tokens`. At its end,
+however it ends, the reservation is settled to what it really used (the replica's count of prompt and generated
+tokens). So concurrent requests each see the others' reservations, and the sum over the last 60 s never passes the
+budget, not even by one request. Windows slide over the last 60 s; a refusal's Retry-After is when enough of the
+window has passed. Per ingress replica (each counts what passes through it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from app.config.tenants import TenantConfig
+from app.engine.interface import PromptInput
+from app.errors import TenantRateLimited
+from app.tenancy import Tenant
+
+WINDOW_S = 60.0
+TEMPLATE_TOKENS_PER_MESSAGE = 16  # what a chat template may add around each message (roles, separators)
+
+
+def prompt_token_bound(prompt: PromptInput) -> int:
+    """The most tokens `prompt` can render to, without tokenizing."""
+    if prompt.token_ids is not None:
+        return len(prompt.token_ids)
+    if prompt.text is not None:
+        return len(prompt.text.encode())
+    size = sum(len(json.dumps(m, ensure_ascii=False).encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+               for m in prompt.messages or ())
+    return size + len(json.dumps(prompt.tools or (), ensure_ascii=False).encode())
+
+
+class Reservation:
+    """Tokens held in a tenant's window for one request; `settle` sets them to what it used."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: list[float]):
+        self._entry = entry
+
+    def settle(self, used: int) -> None:
+        self._entry[1] = min(self._entry[1], used)
+
+
+class _Window:
+    """Amounts over the last WINDOW_S seconds: [when, amount] entries, oldest first."""
+
+    def __init__(self) -> None:
+        self.entries: deque[list[float]] = deque()
+
+    def total(self, now: float) -> float:
+        while self.entries and self.entries[0][0] <= now - WINDOW_S:
+            self.entries.popleft()
+        return sum(e[1] for e in self.entries)
+
+    def wait_for_room(self, now: float, limit: float, amount: float) -> float:
+        """Seconds until `amount` more fits under `limit` (inf: it never fits)."""
+        if amount > limit:
+            return math.inf
+        excess = self.total(now) + amount - limit
+        for when, held in self.entries:
+            if excess <= 0:
+                break
+            excess -= held
+            if excess <= 0:
+                return max(1.0, when + WINDOW_S - now)
+        return 1.0
+
+    def add(self, now: float, amount: float) -> list[float]:
+        entry = [now, amount]
+        self.entries.append(entry)
+        return entry
+
+
+class TenantLimits:
+    def __init__(self, tenants: Iterable[TenantConfig], clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._config = {t.name: t for t in tenants if t.max_concurrent or t.requests_per_minute or t.tokens_per_minute}
+        self._requests: dict[str, _Window] = {name: _Window() for name in self._config}
+        self._tokens: dict[str, _Window] = {name: _Window() for name in self._config}
+        self._concurrent: dict[str, int] = dict.fromkeys(self._config, 0)
+
+    def limited(self, tenant: Tenant) -> bool:
+        return tenant.name in self._config
+
+    def admit_request(self, tenant: Tenant) -> None:
+        """Before the body is read: the tenant's concurrency and request rate. Counts the request if let in; the
+        caller calls `done` when it ends."""
+        config = self._config.get(tenant.name)
+        if config is None:
+            return
+        now = self._clock()
+        if config.max_concurrent and self._concurrent[tenant.name] >= config.max_concurrent:
+            raise TenantRateLimited(f"Tenant '{tenant.name}' has {config.max_concurrent} requests in flight, its "
+                                    "max_concurrent; retry when one ends", retry_after_s=1)
+        window = self._requests[tenant.name]
+        if config.requests_per_minute and window.total(now) >= config.requests_per_minute:
+            wait = window.wait_for_room(now, config.requests_per_minute, 1)
+            raise TenantRateLimited(f"Tenant '{tenant.name}' has sent {config.requests_per_minute} requests in the "
+                                    "last minute, its requests_per_minute; retry after the Retry-After delay",
+                                    retry_after_s=wait)
+        window.add(now, 1)
+        self._concurrent[tenant.name] += 1
+
+    def done(self, tenant: Tenant) -> None:
+        if tenant.name in self._concurrent:
+            self._concurrent[tenant.name] -= 1
+
+    def reserve_tokens(self, tenant: Tenant, tokens: int) -> Reservation | None:
+        """`tokens` (the request's most) held in the tenant's minute, or `TenantRateLimited` if they do not fit."""
+        config = self._config.get(tenant.name)
+        if config is None or not config.tokens_per_minute:
+            return None
+        now, window, limit = self._clock(), self._tokens[tenant.name], config.tokens_per_minute
+        if window.total(now) + tokens > limit:
+            wait = window.wait_for_room(now, limit, tokens)
+            if math.isinf(wait):
+                raise TenantRateLimited(
+                    f"This request may cost up to {tokens} tokens (its prompt's bound plus n x max_tokens), more "
+                    f"than tenant '{tenant.name}''s tokens_per_minute ({limit}); lower max_tokens or the prompt",
+                    param="max_tokens")
+            raise TenantRateLimited(
+                f"Tenant '{tenant.name}' would pass its tokens_per_minute ({limit}) with this request's up to {tokens} "
+                "tokens; retry after the Retry-After delay", retry_after_s=wait)
+        return Reservation(window.add(now, tokens))
+
+    def reserve_each(self, tenant: Tenant, amounts: Iterable[int]) -> list[Reservation | None]:
+        """One reservation per engine request of a batch; all or none (those made are given back on a refusal)."""
+        made: list[Reservation | None] = []
+        try:
+            for tokens in amounts:
+                made.append(self.reserve_tokens(tenant, tokens))
+        except TenantRateLimited:
+            for reservation in made:
+                if reservation is not None:
+                    reservation.settle(0)
+            raise
+        return made

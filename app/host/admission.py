@@ -149,7 +149,7 @@ class Admission:
         prediction = self.pace.predict(
             ticket.work(now),
             (t.work(now) for t in self._running_tickets),
-            (t.work(now) for t in self._waiting),
+            (t.work(now) for t in self._waiting.ahead_of(ticket.tenant)),  # fair: only who goes first
             self.max_running,
         )
         if prediction is None:

@@ -34,6 +34,11 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 
+def _cost(item: Waiting) -> float:
+    """What serving `item` whole adds to its tenant's counter."""
+    return (item.prompt_tokens + OUTPUT_WEIGHT * (item.tokens - item.prompt_tokens)) / item.tenant.weight
+
+
 class FairQueue(Generic[W]):
     def __init__(self) -> None:
         self._queues: dict[str, deque[W]] = {}
@@ -120,14 +125,22 @@ class FairQueue(Generic[W]):
     def __iter__(self) -> Iterator[W]:
         """Every waiting request in the order it is expected to be admitted (for the pace's predictions): each
         tenant's requests in turn by its counter as if each were served whole when admitted."""
+        return iter([item for _, item in self._order()])
+
+    def ahead_of(self, newcomer: Tenant) -> list[W]:
+        """The waiting requests expected to be admitted before one more of `newcomer`'s: what it waits behind."""
+        own = self._queues.get(newcomer.name, ())
+        key = (newcomer.batch, self.counter(newcomer) + sum(map(_cost, own)), len(own))
+        return [item for rank, item in self._order() if rank < key]
+
+    def _order(self) -> list[tuple[tuple[bool, float, int], W]]:
         order = []
         for name, queue in self._queues.items():
             virtual = self._counter.get(name, 0.0)
             for position, item in enumerate(queue):
-                order.append((item.tenant.batch, virtual, position, item))
-                generated = item.tokens - item.prompt_tokens
-                virtual += (item.prompt_tokens + OUTPUT_WEIGHT * generated) / item.tenant.weight
-        return iter([entry[-1] for entry in sorted(order, key=lambda e: e[:3])])
+                order.append(((item.tenant.batch, virtual, position), item))
+                virtual += _cost(item)
+        return sorted(order, key=lambda entry: entry[0])
 
     def over_share(self, newcomer: Tenant) -> W | None:
         """The waiting request to refuse in favour of `newcomer` when the replica is full: the newest one of the

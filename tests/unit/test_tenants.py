@@ -14,8 +14,8 @@ from app.config.common import ConfigError
 from app.config.tenants import TenantConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import PromptInput
-from app.errors import QueueFull, TenantOverShare, TenantRateLimited
-from app.host.admission import Admission
+from app.errors import OverTimeTarget, QueueFull, TenantOverShare, TenantRateLimited
+from app.host.admission import Admission, Targets
 from app.host.fair_queue import FairQueue
 from app.host.ticket import Ticket
 from app.http.tenant_limits import TenantLimits, prompt_token_bound
@@ -383,3 +383,47 @@ async def test_a_concurrent_burst_never_overruns_a_token_budget(make_stack):
     again = await stack.client.post("/v1/chat/completions", json=chat_body("more", max_tokens=16),
                                     headers=key("metered"))
     assert again.status_code == 200, again.text  # the unused reservations came back
+
+
+def test_a_newcomer_waits_only_behind_what_goes_before_it():
+    q: FairQueue[Item] = FairQueue()
+    q.entered(A)
+    q.charge(A, prompt_tokens=500)
+    hog = [Item(A) for _ in range(5)]
+    for item in hog:
+        q.append(item)
+    q.entered(B)
+    assert q.ahead_of(A) == hog  # A's own newcomer: behind all of A's
+    assert len(q.ahead_of(B)) <= 1  # B: at most behind A's first (they tie), not all five
+    q.charge(A, prompt_tokens=10)
+    assert q.ahead_of(B) == []
+
+
+async def test_admission_by_time_predicts_a_light_tenant_behind_its_turn_not_behind_the_whole_queue():
+    """Six of A's wait behind one running, each predicted 10 s: A's next is late for a 30 s target, B's newcomer
+    (which goes next) is not."""
+    from tests.unit.test_admission_by_time import _paced
+
+    adm = Admission(max_running=1, max_queued=10, token_budget=100_000, queue_timeout_s=300, pace=_paced())
+    running = adm.reserve(A)
+    await running.admit(110, 300, prompt_tokens=10, max_steps=100)
+    running.produced(1)
+    queued = [adm.reserve(A) for _ in range(6)]
+    tasks = [asyncio.create_task(t.admit(110, 300, prompt_tokens=10, max_steps=100)) for t in queued]
+    await until(lambda: adm.stats().waiting == 6, what="six of A's waiting")
+    late = adm.reserve(A)
+    with pytest.raises(OverTimeTarget):
+        await late.admit(20, 300, Targets(first_token_s=30.0), prompt_tokens=10, max_steps=10)
+    late.release()
+    light = adm.reserve(B)
+    light_task = asyncio.create_task(light.admit(20, 300, Targets(first_token_s=30.0), prompt_tokens=10,
+                                                 max_steps=10))
+    await until(lambda: adm.stats().waiting == 7, what="B waiting, not refused")
+    running.release()
+    await light_task
+    assert light.state == "running" and all(t.state == "waiting" for t in queued)
+    for t in [light, *queued]:
+        t.release()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

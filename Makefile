@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing fuzz differential clean cluster-up cluster-down
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing tenants fuzz differential clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -83,6 +83,9 @@ chaos: setup
 # The fleet router against power-of-two on a local multi-node cluster, four workloads (docs/routing.md).
 routing: setup
 	$(PY) -m loadkit routing
+
+tenants: setup
+	$(PY) -m loadkit tenants
 
 # The same requests to this service and to bare vLLM (same install, model and engine arguments), compared field by
 # field: the curated set and COUNT property-generated requests; the figures go to docs/differential.md.

@@ -15,6 +15,8 @@ EXPERIMENTS = {  # name -> (module with main(argv), what it does; its doc)
     "overload": ("loadkit.overload.run", "overload becomes queueing and fast, honest refusals (docs/overload.md)"),
     "burst": ("loadkit.burst", "issue 15's burst against a running service (docs/overload.md)"),
     "hostile": ("loadkit.hostile.run", "hostile clients beside a polite one (docs/hostile.md)"),
+    "tenants": ("loadkit.tenants", "the noisy neighbour: one tenant against two at the default config "
+                "(docs/tenants.md)"),
     "routing": ("loadkit.routing.run", "the fleet router against power-of-two on a local cluster (docs/routing.md)"),
     "chaos": ("loadkit.chaos.run", "issue 13's faults under steady load on a local cluster (docs/chaos.md)"),
     "differential": ("loadkit.differential.run", "the same requests to this service and bare vLLM "

@@ -17,6 +17,7 @@ from app.openai.structured_outputs import not_too_deep
 MAX_TOOLS = 128
 MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit
 MAX_TOOLS_SCHEMA_CHARS = 65_536  # the tools' parameter schemas together, as compact JSON
+MAX_ROLE_CHARS = 64  # a role is a word of the chat template's; vLLM has no bound
 
 
 class TextPart(BaseModel):
@@ -58,7 +59,8 @@ class MessageToolCall(BaseModel):
 class ChatMessage(BaseModel):
     # Extra fields are accepted and left out of the prompt, as vLLM accepts and drops them.
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any role, as vLLM takes it (its custom message): the chat template decides what a role it does not know means.
+    role: str = Field(..., min_length=1, max_length=MAX_ROLE_CHARS)
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant

@@ -60,6 +60,9 @@ STREAM_USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 CURATED: list[Case] = [
     # plain chat and completions, streamed and not
     Case("chat", chat(), expect=EXTRAS),
+    # a role outside OpenAI's five goes to the chat template, as vLLM passes it (issue 26)
+    Case("chat_custom_role", chat(messages=[{"role": "user_custom", "content": "What is the capital of France?"}]),
+         expect=EXTRAS),
     Case("chat_stream_usage", chat(**STREAM_USAGE), expect=EXTRAS),
     Case("chat_stream_continuous_usage", chat(stream=True, stream_options={
         "include_usage": True, "continuous_usage_stats": True}), expect="continuous_usage_per_chunk+vllm_extra_fields"),

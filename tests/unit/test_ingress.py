@@ -523,3 +523,12 @@ async def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(
     metrics = (await client.get("/metrics")).text
     hits = [ln for ln in metrics.splitlines() if ln.startswith("vllm:prefix_cache_hits_total{")]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2 * cached
+
+
+async def test_a_custom_role_is_served_as_vllm_serves_it(client):
+    """Issue 26: vLLM passes any role string to the chat template; a role outside OpenAI's five is no 400 here."""
+    r = await client.post("/v1/chat/completions", json={"model": MODEL_ID, "max_tokens": 4, "messages": [
+        {"role": "user_custom", "content": "Hello"}, {"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200, r.text
+    r = await client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "", "content": "x"}]})
+    assert error_of(r, 400)["param"] is not None

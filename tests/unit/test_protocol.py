@@ -163,11 +163,19 @@ def test_too_many_messages():
         chat(messages=MSGS * 4).to_prompt(LIMITS)
 
 
-def test_bad_role_and_empty_messages_are_validation_errors():
-    with pytest.raises(ValidationError):
-        chat(messages=[{"role": "wizard", "content": "x"}])
+def test_an_empty_or_endless_role_and_empty_messages_are_validation_errors():
+    for role in ("", "r" * 65, None):
+        with pytest.raises(ValidationError):
+            chat(messages=[{"role": role, "content": "x"}])
     with pytest.raises(ValidationError):
         chat(messages=[])
+
+
+def test_a_custom_role_goes_to_the_chat_template_as_vllm_passes_it():
+    """vLLM takes any role string (its custom message) and leaves it to the template; templates that know a role
+    such as "user_custom" use it."""
+    prompt = chat(messages=[{"role": "user_custom", "content": "x", "name": "n"}]).to_prompt(LIMITS)
+    assert prompt.messages == ({"role": "user_custom", "content": "x", "name": "n"},)
 
 
 def test_completion_prompt_forms():

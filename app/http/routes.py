@@ -25,7 +25,6 @@ from app.http import sse
 from app.http.client_targets import client_targets, session_hint
 from app.http.ingress_state import state_of
 from app.http.metrics import RequestTimer
-from app.http.tenant_limits import prompt_token_bound
 from app.http.wire_json import JSONBody, dumps_yielding
 from app.openai import completion_batch as batch_stream
 from app.openai import embeddings
@@ -116,9 +115,8 @@ async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Respons
         yield await backend.embed(engine_request)
 
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
-    reserved = state.capacity.limits.reserve_each(
-        request.state.tenant, [sum(prompt_token_bound(p) for p in engine_request.inputs)])
-    stream = state.capacity.track(model.id, answer(), request.state.tenant, reserved[0])  # full: refused here
+    reserved = state.capacity.limits.reserve_together(request.state.tenant, engine_request.inputs)
+    stream = state.capacity.track(model.id, answer(), request.state.tenant, reserved)  # full: refused here
     try:
         result = await anext(stream)
         timer.done(time.perf_counter())
@@ -170,8 +168,8 @@ async def _generate(
     ]
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
     tenant = request.state.tenant
-    reservations = state.capacity.limits.reserve_each(  # its tokens_per_minute, for the most each may cost
-        tenant, (prompt_token_bound(r.prompt) + r.params.n * r.params.max_tokens for r in engine_requests))
+    # Its tokens_per_minute, for the most each may cost.
+    reservations = state.capacity.limits.reserve_each(tenant, prompts, params.n * params.max_tokens)
     streams = [state.capacity.track(model.id, backend.generate(r), tenant, reserved)  # full: refused here
                for r, reserved in zip(engine_requests, reservations, strict=True)]
     # Validation and admission errors surface here, before the 200.

@@ -15,7 +15,7 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from app.config.tenants import TenantConfig
 from app.engine.interface import PromptInput
@@ -31,10 +31,13 @@ def prompt_token_bound(prompt: PromptInput) -> int:
     if prompt.token_ids is not None:
         return len(prompt.token_ids)
     if prompt.text is not None:
-        return len(prompt.text.encode())
-    size = sum(len(json.dumps(m, ensure_ascii=False).encode()) + TEMPLATE_TOKENS_PER_MESSAGE
-               for m in prompt.messages or ())
-    return size + len(json.dumps(prompt.tools or (), ensure_ascii=False).encode())
+        return _bytes(prompt.text)
+    size = sum(_bytes(json.dumps(m, ensure_ascii=False)) + TEMPLATE_TOKENS_PER_MESSAGE for m in prompt.messages or ())
+    return size + _bytes(json.dumps(prompt.tools or (), ensure_ascii=False))
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is the replica's 400 to give, not a crash
 
 
 class Reservation:
@@ -131,12 +134,24 @@ class TenantLimits:
                 "tokens; retry after the Retry-After delay", retry_after_s=wait)
         return Reservation(window.add(now, tokens))
 
-    def reserve_each(self, tenant: Tenant, amounts: Iterable[int]) -> list[Reservation | None]:
-        """One reservation per engine request of a batch; all or none (those made are given back on a refusal)."""
+    def reserve_together(self, tenant: Tenant, prompts: Sequence[PromptInput]) -> Reservation | None:
+        """One reservation for every prompt of a request admitted whole (embeddings' inputs)."""
+        config = self._config.get(tenant.name)
+        if config is None or not config.tokens_per_minute:
+            return None
+        return self.reserve_tokens(tenant, sum(map(prompt_token_bound, prompts)))
+
+    def reserve_each(self, tenant: Tenant, prompts: Sequence[PromptInput],
+                     outputs: int = 0) -> list[Reservation | None]:
+        """One reservation per prompt of a batch, for its bound plus `outputs` (n x max_tokens); all or none (those
+        made are given back on a refusal). Nothing is computed for a tenant without a token budget."""
+        config = self._config.get(tenant.name)
+        if config is None or not config.tokens_per_minute:
+            return [None] * len(prompts)
         made: list[Reservation | None] = []
         try:
-            for tokens in amounts:
-                made.append(self.reserve_tokens(tenant, tokens))
+            for prompt in prompts:
+                made.append(self.reserve_tokens(tenant, prompt_token_bound(prompt) + outputs))
         except TenantRateLimited:
             for reservation in made:
                 if reservation is not None:

@@ -193,13 +193,14 @@ class Responder:
                               for choice, c in zip(out["choices"], self._choices, strict=True)]
             if isinstance(self.shape, ChatShape):
                 out["prompt_token_ids"] = self._choices[0].prompt_token_ids if self._choices else None
-        if any(c.prompt_logprobs is not None for c in self._choices):  # asked for (vLLM's shapes)
-            if isinstance(self.shape, ChatShape):
-                out["prompt_logprobs"] = self._choices[0].prompt_logprobs
-            else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
-                for choice, c in zip(out["choices"], self._choices, strict=True):
-                    choice["prompt_logprobs"] = next(
-                        (g.prompt_logprobs for g in self._prompt_group(c.index) if g.prompt_logprobs is not None), None)
+        # vLLM's shapes: `prompt_logprobs` on a chat answer and on each completions choice, null unless asked for
+        # (clients read the attribute unconditionally).
+        if isinstance(self.shape, ChatShape):
+            out["prompt_logprobs"] = self._choices[0].prompt_logprobs if self._choices else None
+        else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
+            for choice, c in zip(out["choices"], self._choices, strict=True):
+                choice["prompt_logprobs"] = next(
+                    (g.prompt_logprobs for g in self._prompt_group(c.index) if g.prompt_logprobs is not None), None)
         out["usage"] = self.usage()
         return out
 

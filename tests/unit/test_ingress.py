@@ -427,7 +427,7 @@ async def test_tokenize_bad_requests(client, body, param):
 
 
 async def test_tokenize_bad_messages_400(client):
-    for messages in ([{"role": "wizard", "content": "x"}], []):
+    for messages in ([{"role": "", "content": "x"}], []):
         err = error_of(await client.post("/tokenize", json={"model": MODEL_ID, "messages": messages}), 400)
         assert err["param"] == "messages"
 

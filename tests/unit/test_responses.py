@@ -80,6 +80,7 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
             {"index": 1, "message": {"role": "assistant", "content": "London"}, "logprobs": None,
              "finish_reason": "length", "stop_reason": None},
         ],
+        "prompt_logprobs": None,  # vLLM's field, null unless asked for
         "usage": usage_of(3, 5),
     }
 
@@ -132,7 +133,7 @@ def test_completion_chunks_and_body_shape():
                                   "stop_reason": None}]}
     assert r.full() == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
                         "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
-                                     "stop_reason": None}],
+                                     "stop_reason": None, "prompt_logprobs": None}],
                         "usage": usage_of(2, 1)}
 
 

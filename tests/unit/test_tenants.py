@@ -353,7 +353,7 @@ def test_tokens_are_reserved_for_the_most_and_settled_to_the_use():
         lim.reserve_tokens(A, 101)  # more than the whole budget: waiting does not help
     assert never.value.retry_after_s is None and never.value.param == "max_tokens"
     with pytest.raises(TenantRateLimited):
-        lim.reserve_each(A, [20, 40])  # all or none: the 20 is given back
+        lim.reserve_each(A, [PromptInput(token_ids=(1,) * 20), PromptInput(token_ids=(1,) * 40)])  # all or none
     assert lim.reserve_tokens(A, 30) is not None and second is not None
 
 

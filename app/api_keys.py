@@ -31,6 +31,27 @@ def digest_of(key: str) -> str:
     return DIGEST_PREFIX + hashlib.sha256(key.encode()).hexdigest()
 
 
+def as_digest(entry: str) -> str:
+    """A config entry (plain or `sha256:<hex>`) in its digest form."""
+    return entry if is_digest(entry) else digest_of(entry)
+
+
+def raw_digest(entry: str) -> bytes:
+    """A config entry's SHA-256 digest as bytes, what a presented key is compared with."""
+    return bytes.fromhex(as_digest(entry)[len(DIGEST_PREFIX):])
+
+
+def check_entry(entry: str) -> str:
+    """`entry` if it is a plain key or a well-formed digest; ValueError (a config validator's) if it only starts
+    like one."""
+    if entry.startswith(DIGEST_PREFIX) and not is_digest(entry):
+        raise ValueError(
+            f"'{entry[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
+            "digits (python -c \"import hashlib;print(hashlib.sha256(b'KEY').hexdigest())\")"
+        )
+    return entry
+
+
 def from_environment() -> tuple[str, ...]:
     return tuple(k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip())
 
@@ -42,12 +63,7 @@ class ApiKeys:
     @classmethod
     def of(cls, entries: Iterable[str]) -> ApiKeys:
         """Entries in either form (plain or `sha256:<hex>`)."""
-        return cls(
-            frozenset(
-                bytes.fromhex(e[len(DIGEST_PREFIX) :]) if is_digest(e) else hashlib.sha256(e.encode()).digest()
-                for e in entries
-            )
-        )
+        return cls(frozenset(raw_digest(e) for e in entries))
 
     def __bool__(self) -> bool:
         return bool(self.digests)
@@ -70,4 +86,4 @@ class ApiKeys:
 
 def resolve(entries: Iterable[str]) -> tuple[str, ...]:
     """Config entries plus the environment's, all as digests, sorted (a stable config for Serve to compare)."""
-    return tuple(sorted({e if is_digest(e) else digest_of(e) for e in (*entries, *from_environment())}))
+    return tuple(sorted({as_digest(e) for e in (*entries, *from_environment())}))

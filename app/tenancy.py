@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.api_keys import ApiKeys, digest_of, is_digest
+from app.api_keys import ApiKeys, raw_digest
 
 if TYPE_CHECKING:
     from app.config.app_config import AppConfig
@@ -40,15 +40,11 @@ class Tenants:
     """The key -> tenant directory of one config, and the accepted keys with it."""
 
     def __init__(self, config: AppConfig):
-        by_digest: dict[bytes, Tenant] = {}
-        for entry in config.service.api_keys:
-            digest_hex = (entry if is_digest(entry) else digest_of(entry)).removeprefix("sha256:")
-            by_digest[bytes.fromhex(digest_hex)] = Tenant(key_tenant_name(digest_hex))
+        by_digest = {raw_digest(entry): Tenant(key_tenant_name(raw_digest(entry).hex()))
+                     for entry in config.service.api_keys}
         for t in config.tenants:
             tenant = Tenant(t.name, t.weight, t.priority == "batch")
-            for entry in t.api_keys:
-                by_digest[bytes.fromhex((entry if is_digest(entry) else digest_of(entry)).removeprefix("sha256:"))] = \
-                    tenant
+            by_digest.update((raw_digest(entry), tenant) for entry in t.api_keys)
         self._by_digest = by_digest
         self.keys = ApiKeys(frozenset(by_digest))
 

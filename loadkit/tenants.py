@@ -25,8 +25,10 @@ import httpx
 from loadkit.machine import git_commit, machine, vllm_version
 from loadkit.markdown import MarkedSection, write_section
 from loadkit.report import command_line, progress
+from loadkit.sdk import error_code
 from loadkit.server_stats import wait_idle
 from loadkit.service import BASE_CONFIG, REPO, OwnService, write_config
+from loadkit.sse import ChatStream, delta_text
 from loadkit.stats import percentile
 
 say = progress("tenants")
@@ -55,17 +57,13 @@ async def _stream(http: httpx.AsyncClient, key: str, body: dict) -> tuple[int, s
     async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
                            headers={"Authorization": f"Bearer {key}"}) as r:
         if r.status_code != 200:
-            raw = await r.aread()
             try:
-                code = json.loads(raw)["error"]["code"] or ""
-            except (ValueError, KeyError, TypeError):
+                code = error_code(json.loads(await r.aread())) or ""
+            except ValueError:
                 code = "?"
             return r.status_code, code, None, 0
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            choices = json.loads(line[len("data: "):]).get("choices") or [{}]
-            if choices[0].get("delta", {}).get("content"):
+        async for event in ChatStream(r).events():
+            if delta_text(event):
                 chunks += 1
                 first = first if first is not None else time.monotonic() - started
     return 200, "", first, chunks

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from app.api_keys import digest_of, is_digest
+from app.api_keys import as_digest
 from app.api_keys import resolve as resolve_keys
 from app.config.common import ConfigError, StrictModel
 from app.config.model import ModelConfig
@@ -43,7 +43,7 @@ class AppConfig(StrictModel):
         places += [(f"tenants.{t}.api_keys.{i}", k) for t, tenant in enumerate(self.tenants)
                    for i, k in enumerate(tenant.api_keys)]
         for path, key in places:
-            digest = key if is_digest(key) else digest_of(key)
+            digest = as_digest(key)
             if digest in owner:
                 raise ValueError(f"{path}: this key is already given at {owner[digest]}; a key belongs to exactly one "
                                  "tenant")
@@ -56,12 +56,12 @@ class AppConfig(StrictModel):
     def with_resolved_keys(self) -> AppConfig:
         """This config with every key (the file's and this process's environment's) as a digest in
         `service.api_keys`: what the replicas are deployed with, wherever their own environment lacks."""
-        tenant_keys = {digest_of(k) if not is_digest(k) else k for t in self.tenants for k in t.api_keys}
+        tenant_keys = {as_digest(k) for t in self.tenants for k in t.api_keys}
         # A key of the environment that a tenant names is that tenant's, not one of its own.
         service = self.service.model_copy(
             update={"api_keys": tuple(k for k in resolve_keys(self.service.api_keys) if k not in tenant_keys)})
-        tenants = tuple(t.model_copy(update={"api_keys": tuple(sorted(
-            k if is_digest(k) else digest_of(k) for k in t.api_keys))}) for t in self.tenants)
+        tenants = tuple(t.model_copy(update={"api_keys": tuple(sorted(map(as_digest, t.api_keys)))})
+                        for t in self.tenants)
         return self.model_copy(update={"service": service, "tenants": tenants})
 
 

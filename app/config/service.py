@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from app.api_keys import API_KEYS_ENV, DIGEST_PREFIX, is_digest
+from app.api_keys import API_KEYS_ENV, check_entry
 from app.config.common import StrictModel
 
 
@@ -88,10 +88,4 @@ class ServiceConfig(StrictModel):
     @field_validator("api_keys")
     @classmethod
     def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
-        for key in keys:
-            if key.startswith(DIGEST_PREFIX) and not is_digest(key):
-                raise ValueError(
-                    f"'{key[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
-                    "digits (python -c \"import hashlib;print(hashlib.sha256(b'KEY').hexdigest())\")"
-                )
-        return keys
+        return tuple(map(check_entry, keys))

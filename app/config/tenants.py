@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from app.api_keys import DIGEST_PREFIX, is_digest
+from app.api_keys import check_entry
 from app.config.common import StrictModel
 
 
@@ -34,8 +34,4 @@ class TenantConfig(StrictModel):
     @field_validator("api_keys")
     @classmethod
     def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
-        for key in keys:
-            if key.startswith(DIGEST_PREFIX) and not is_digest(key):
-                raise ValueError(f"'{key[:16]}...' starts like a digest but is not `sha256:` and 64 lower-case hex "
-                                 "digits")
-        return keys
+        return tuple(map(check_entry, keys))

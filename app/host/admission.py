@@ -91,26 +91,34 @@ class Admission:
                                  (t.work(now) for t in self._waiting) if behind_queue else (), self.max_running)
 
     def reserve(self, tenant: Tenant = ANONYMOUS) -> Ticket:
-        self.refuse_if_full(tenant)
+        victim = self._victim_or_refusal(tenant)
+        if victim is not None:
+            self._evict(victim)
         self._in_system += 1
         self._waiting.entered(tenant)
         return Ticket(self, tenant)
 
     def refuse_if_full(self, tenant: Tenant = ANONYMOUS) -> None:
-        """Raises the refusal `reserve` would, without reserving anything: for work done before a slot is
-        taken (tokenizing), so that a full replica still refuses before that work. Full, a tenant less served than
-        another that waits takes the place of that one's newest waiting request (host/fair_queue.py)."""
+        """Raises the refusal `reserve` would, without reserving anything or displacing anyone: for work done before
+        a slot is taken (tokenizing), so that a full replica still refuses before that work."""
+        self._victim_or_refusal(tenant)
+
+    def _victim_or_refusal(self, tenant: Tenant) -> Ticket | None:
+        """Nothing while there is room; full, the waiting request of a more served tenant that gives its place to
+        `tenant` (host/fair_queue.py), or else the refusal raised."""
         if self._closed_reason:
             raise ServiceUnavailable(self._closed_reason, retry_after_s=5)
-        if self._in_system >= self.max_running + self.max_queued and (victim := self._waiting.over_share(tenant)):
-            self._evict(victim)
-        if self._in_system >= self.max_running + self.max_queued:
+        if self._in_system < self.max_running + self.max_queued:
+            return None
+        victim = self._waiting.over_share(tenant)
+        if victim is None:
             self._refused_full += 1
             raise self._refusal(
                 f"Server is at capacity ({self.max_running} running, {self.max_queued} queued); "
                 "retry after the Retry-After delay, with backoff",
                 retry_after_s=self.retry_after_s(),
             )
+        return victim
 
     def _evict(self, ticket: Ticket) -> None:
         """`ticket` out of the queue and the system now (its release later gives back nothing more), refused."""

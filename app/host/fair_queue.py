@@ -92,9 +92,6 @@ class FairQueue(Generic[W]):
     def __len__(self) -> int:
         return self._len
 
-    def __bool__(self) -> bool:
-        return self._len > 0
-
     def append(self, item: W) -> None:
         self._queues.setdefault(item.tenant.name, deque()).append(item)
         self._len += 1

@@ -272,9 +272,9 @@ class Gate:
         model = scope["state"].get("model", "-")
         self.metrics.requests.labels(model, endpoint, str(status)).inc()
         tenant = scope["state"].get("tenant")
-        if tenant is not None and endpoint not in QUIET_ENDPOINTS:
-            self.metrics.tenant_requests.labels(tenant.metrics_label, str(status)).inc()
         if endpoint not in QUIET_ENDPOINTS:
+            if tenant is not None:
+                self.metrics.tenant_requests.labels(tenant.metrics_label, str(status)).inc()
             access_log.info(
                 "request",
                 extra={

@@ -199,14 +199,23 @@ async def test_a_tenant_with_a_backlog_shares_the_replica_with_one_that_arrives_
     assert adm.stats().in_system == 0
 
 
+async def a_backlog(adm: Admission, waiting: int, max_steps: int, produced: int
+                    ) -> tuple[Ticket, list[Ticket], list[asyncio.Task]]:
+    """One of A's running (having produced `produced` tokens) and `waiting` more of A's in the queue, each of 10
+    prompt tokens and `max_steps` at most."""
+    running = adm.reserve(A)
+    await running.admit(10 + max_steps, 300, prompt_tokens=10, max_steps=max_steps)
+    running.produced(produced)
+    queued = [adm.reserve(A) for _ in range(waiting)]
+    tasks = [asyncio.create_task(t.admit(10 + max_steps, 300, prompt_tokens=10, max_steps=max_steps))
+             for t in queued]
+    await until(lambda: adm.stats().waiting == waiting, what=f"{waiting} of A's waiting")
+    return running, queued, tasks
+
+
 async def test_full_a_less_served_tenant_takes_the_place_of_the_most_served_one_s_newest():
     adm = admission(max_running=1, max_queued=2)
-    hog = adm.reserve(A)
-    await hog.admit(30, 5, prompt_tokens=10, max_steps=20)
-    hog.produced(20)
-    queued = [adm.reserve(A) for _ in range(2)]
-    tasks = [asyncio.create_task(t.admit(30, 30, prompt_tokens=10, max_steps=20)) for t in queued]
-    await until(lambda: adm.stats().waiting == 2, what="two of A's waiting")
+    hog, queued, tasks = await a_backlog(adm, waiting=2, max_steps=20, produced=20)
     with pytest.raises(QueueFull) as full:
         adm.reserve(A)  # A itself, full: refused as ever
     assert not isinstance(full.value, TenantOverShare)
@@ -405,12 +414,7 @@ async def test_admission_by_time_predicts_a_light_tenant_behind_its_turn_not_beh
     from tests.unit.test_admission_by_time import _paced
 
     adm = Admission(max_running=1, max_queued=10, token_budget=100_000, queue_timeout_s=300, pace=_paced())
-    running = adm.reserve(A)
-    await running.admit(110, 300, prompt_tokens=10, max_steps=100)
-    running.produced(1)
-    queued = [adm.reserve(A) for _ in range(6)]
-    tasks = [asyncio.create_task(t.admit(110, 300, prompt_tokens=10, max_steps=100)) for t in queued]
-    await until(lambda: adm.stats().waiting == 6, what="six of A's waiting")
+    running, queued, tasks = await a_backlog(adm, waiting=6, max_steps=100, produced=1)
     late = adm.reserve(A)
     with pytest.raises(OverTimeTarget):
         await late.admit(20, 300, Targets(first_token_s=30.0), prompt_tokens=10, max_steps=10)

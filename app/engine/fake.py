@@ -178,7 +178,7 @@ class FakeEngine(EngineWaits):
         self._changed()
         try:
             await self._prefill(len(prompt_token_ids) - cached)
-            # A continuation (app/rayserve/migration.py) ends its prompt with this engine's ids: steps 0..k-1.
+            # A continuation (app/engine/continuation.py) ends its prompt with this engine's ids: steps 0..k-1.
             first_step = _steps_done(prompt_token_ids)
             planned = replace(params, max_tokens=params.max_tokens + first_step,
                               min_tokens=params.min_tokens + first_step if params.min_tokens else 0)

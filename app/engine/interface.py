@@ -103,7 +103,7 @@ class GenerateRequest:
     # tighten the model's.
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
-    # A continuation (app/rayserve/migration.py): its prompt's last `resumed_tokens` ids are output being resumed
+    # A continuation (app/engine/continuation.py): its prompt's last `resumed_tokens` ids are output being resumed
     # (counted against the context, not the prompt limit; no first-token target).
     continuation: bool = False
     resumed_tokens: int = 0

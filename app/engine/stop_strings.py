@@ -9,7 +9,7 @@ be the start of a stop string. A step that ends on a stop token or end-of-sequen
 that token's text, which the engine leaves out).
 
 `StopStrings` is that rule on its own, so that the layer holding the client's connection can apply it over a
-choice whose tokens came from more than one replica (app/rayserve/migration.py), and the fake engine can
+choice whose tokens came from more than one replica (app/engine/continuation.py), and the fake engine can
 stream as vLLM does. Steps of several tokens are checked from the step's first new character (vLLM starts
 at the first token past `min_tokens`; the CPU engine makes one token per step).
 """

@@ -131,7 +131,7 @@ class EngineHost:
             for item in (Admitted(len(prompt_ids)), GenerationDelta((ChoiceDelta(0, "", 0, finish_reason="length"),))):
                 yield item
             return
-        # A continuation's client has had its first token (app/rayserve/migration.py).
+        # A continuation's client has had its first token (app/engine/continuation.py).
         first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
         finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
         async with self._admitted(request, arrived, deadline, len(prompt_ids), params.n * params.max_tokens,

@@ -17,7 +17,7 @@ and a request that even the soonest would serve later than its first-token targe
 
 A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped)
 continues on another replica: each unfinished choice resumes from the tokens it already had
-(app/rayserve/migration.py), up to `ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot
+(app/engine/continuation.py), up to `ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot
 (structured output, tool-call parsing) ends with the retryable 503. Counted in `migrated` (/metrics).
 """
 
@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from app.engine.continuation import Continuation
 from app.engine.interface import (
     Admitted,
     ChoiceDelta,
@@ -48,7 +49,6 @@ from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
-from app.rayserve.migration import Continuation
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
 from app.routing.decision import Decision
 from app.routing.model_routing import ModelRouting
@@ -76,7 +76,7 @@ class HandleBackend:
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         """The engine's stream for `request`, continued on another replica when the one serving it fails after
-        answering (app/rayserve/migration.py)."""
+        answering (app/engine/continuation.py)."""
         started = time.monotonic()
         progress = Continuation(request)
         try:

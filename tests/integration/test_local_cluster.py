@@ -263,7 +263,7 @@ def test_a_killed_engine_costs_no_request_and_none_reaches_its_replica_while_it_
                               what=f"replica {replica_id} serving again")
         load.wait_served(10, what="the load served once both replicas run")
     print(f"kill of {victim_id}'s engine (new engine in {replica_id}): {load.summary(killed_at)}")
-    # Requests on the killed engine continue on the other replica (app/rayserve/migration.py); those refused by it
+    # Requests on the killed engine continue on the other replica (app/engine/continuation.py); those refused by it
     # are retried there: none fails.
     assert not load.failures(), load.summary(killed_at)
     assert len(load.since(killed_at)) >= 10
@@ -340,9 +340,10 @@ TWINS = {
 
 def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other(two_fake_replicas: Deployment):
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
-    would: Serve replaces the replica; its requests in flight continue on the other replica (app/rayserve/migration.py),
-    long greedy streams included, and new ones go there until the replacement is ready. Streams with stop strings
-    and seeded n > 1 continued elsewhere give exactly the answer of the same request run undisturbed."""
+    would: Serve replaces the replica; its requests in flight continue on the other replica
+    (app/engine/continuation.py), long greedy streams included, and new ones go there until the replacement is
+    ready. Streams with stop strings and seeded n > 1 continued elsewhere give exactly the answer of the same
+    request run undisturbed."""
     cluster = two_fake_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
     twins = {name: LongStream(two_fake_replicas.base_url, KEY, MODEL, **request) for name, request in TWINS.items()}

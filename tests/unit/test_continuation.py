@@ -1,4 +1,4 @@
-"""A request whose replica fails after answering continues on another replica (app/rayserve/migration.py, driven by
+"""A request whose replica fails after answering continues on another replica (app/engine/continuation.py, driven by
 `ray_backend.HandleBackend`): the client's stream goes on with one `Admitted`, every token once, under the
 original choice indices; the continuation's prompt is the prompt's ids plus the choice's own, with the tokens
 still allowed; requests whose state stays with the replica end with the retryable 503 instead."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import ActorDiedError
 
+from app.engine.continuation import Continuation
 from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta
 from app.errors import RequestTimeout, ServiceUnavailable
 from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused
-from app.rayserve.migration import Continuation
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
 

@@ -47,8 +47,8 @@ def test_the_draws_reach_vllm_in_the_request_s_extra_args():
 
 
 def test_a_continuation_of_a_seeded_sampled_choice_asks_for_its_draws():
+    from app.engine.continuation import Continuation
     from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta
-    from app.rayserve.migration import Continuation
     from tests.support.fake_stack import make_request
 
     progress = Continuation(make_request("hi", max_tokens=9, n=2, temperature=0.7, seed=4))

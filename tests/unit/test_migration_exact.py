@@ -1,5 +1,5 @@
 """A continued answer is exactly the answer (issue 27): a request whose replica dies after any number of
-outputs, continued on another (app/rayserve/migration.py through `HandleBackend`), gives the client the text,
+outputs, continued on another (app/engine/continuation.py through `HandleBackend`), gives the client the text,
 finish reason, stop reason, token count and token ids that the same request gets from one replica undisturbed.
 The replicas are `EngineHost`s over fake engines that stream as vLLM does (stop strings held back, choice i
 seeded with seed + i, a prompt ending in the engine's own ids continued)."""
@@ -144,7 +144,7 @@ async def test_a_stop_string_met_across_the_cut_ends_the_resumed_stream_at_once(
 
 
 def test_a_continuation_asks_nothing_of_the_prompt_s_logprobs():
-    from app.rayserve.migration import Continuation
+    from app.engine.continuation import Continuation
 
     progress = Continuation(make_request("hello", max_tokens=8, prompt_logprobs=2))
     assert progress.for_engine().params.prompt_logprobs == 2

@@ -2,7 +2,7 @@
 
 vLLM seeds a request's generator from its `seed` when the request arrives, and on a CPU (x86 and Arm) draws one
 value from it per step to sample the step's token (`TopKTopPSampler.forward_cpu`: `torch.randint(0, 2**31, (1,),
-generator=...)`). A continuation (app/rayserve/migration.py) of a choice that has generated k tokens is a new
+generator=...)`). A continuation (app/engine/continuation.py) of a choice that has generated k tokens is a new
 request with the same seed, so it would draw the first value again: a different sample from the one the choice
 would have made. This vLLM general plugin (entry point `vllm.general_plugins`, which vLLM loads in its engine and
 worker processes) advances the generator of a request whose `SamplingParams.extra_args` carry

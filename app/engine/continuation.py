@@ -48,6 +48,16 @@ class _Choice:
     stops: StopStrings | None = None  # the client's stop strings, when matched here
 
 
+def state_on_replica(p: GenerationParams) -> str | None:
+    """What of a request's state stays with its replica (a grammar, a tool-call parser), or None."""
+    if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
+            p.grammar is not None):
+        return "its structured output's grammar state stays with the replica that failed"
+    if p.auto_tools is not None:
+        return "its tool-call parser's state stays with the replica that failed"
+    return None
+
+
 class Continuation:
     """One request's output so far, per choice (see the module's usage contract)."""
 
@@ -62,14 +72,7 @@ class Continuation:
         self.resumes = 0  # continuation requests made so far
 
     def _state_on_replica(self) -> str | None:
-        """What of this request's state stays with its replica (a grammar, a tool-call parser), or None."""
-        p = self.request.params
-        if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
-                p.grammar is not None):
-            return "its structured output's grammar state stays with the replica that failed"
-        if p.auto_tools is not None:
-            return "its tool-call parser's state stays with the replica that failed"
-        return None
+        return state_on_replica(self.request.params)
 
     def _engine_params(self, params: GenerationParams) -> GenerationParams:
         """`params` as an engine is asked them: the token ids a resume needs; the stop strings as the module

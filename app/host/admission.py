@@ -1,11 +1,11 @@
-"""Per-replica admission: a bounded FIFO in front of the engine, bounded in time as well as in count.
+"""Per-replica admission: a bounded queue in front of the engine, fair between tenants, bounded in time as well.
 
-At most `max_running` requests, holding at most `token_budget` tokens
-(prompt + n * max_tokens) between them, are in the engine at once; up to
-`max_queued` more wait in arrival order; anything beyond is refused at once.
-The budget keeps a burst of long requests waiting here instead of making the
-engine preempt and recompute; a request bigger than the whole budget still runs,
-alone, so nothing valid is refused for ever.
+At most `max_running` requests, holding at most `token_budget` tokens (prompt + n * max_tokens) between them, are in
+the engine at once; up to `max_queued` more wait, in the fair order between tenants (app/host/fair_queue.py: one
+tenant is first come, first served); anything beyond is refused at once. The budget keeps a burst of long requests
+waiting here instead of making the engine preempt and recompute; a request bigger than the whole budget still runs,
+alone, so nothing valid is refused for ever. When the head of the queue cannot start, a running request of a tenant
+holding more slots may be asked to pause for it (app/host/preemption.py).
 
 In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its
 target is refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when
@@ -13,21 +13,21 @@ it would miss even alone) instead of waiting in the queue only to miss it; the q
 safety net for wrong predictions. The start of the simulation ignores the token budget (a budget-bound
 queue is predicted too short).
 
-Use: `ticket = admission.reserve()` (cheap; raises before any work), validate,
+Use: `ticket = admission.reserve(tenant)` (cheap; raises before any work), validate,
 `await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
-with `ticket.produced(steps)` (this is how the pace is learned), and `ticket.release(completed)` in a
+with `ticket.produced(steps)` (this is how the pace is learned); a `pausable` ticket seen `yield_asked` stops its
+engine request and `await ticket.pause(timeout_s)`s before resuming it; `ticket.release(completed)` in a
 `finally` (`completed`: the engine ended it, rather than a hang-up, a timeout or an error).
 """
-
 from __future__ import annotations
 
-import asyncio
 import time
 
-from app.errors import QueueFull, QueueTimeout, ServiceUnavailable, TenantOverShare
+from app.errors import QueueFull, QueueTimeout, RequestTimeout, ServiceUnavailable, TenantOverShare
 from app.host.demand import DemandMeter
 from app.host.fair_queue import FairQueue
 from app.host.pace import EnginePace, Prediction, Work
+from app.host.slots import Slots
 from app.host.stats import AdmissionStats
 from app.host.ticket import EVICTED as _EVICTED
 from app.host.ticket import RELEASED as _RELEASED
@@ -52,11 +52,9 @@ class Admission:
         self.token_budget = token_budget
         self.queue_timeout_s = queue_timeout_s
         self._refusal = refusal
-        self._running = 0
-        self._tokens_in_use = 0
         self._in_system = 0
         self._waiting: FairQueue[Ticket] = FairQueue()  # fair between tenants (host/fair_queue.py)
-        self._running_tickets: set[Ticket] = set()
+        self._slots: Slots[Ticket] = Slots()  # who is in the engine (host/slots.py)
         self._refused_time = 0
         self._last_prediction: Prediction | None = None
         self._peak_waiting = 0
@@ -87,7 +85,7 @@ class Admission:
         if self.pace is None:
             return None
         now = time.monotonic()
-        return self.pace.predict(Work(prompt_tokens=0, max_tokens=1), (t.work(now) for t in self._running_tickets),
+        return self.pace.predict(Work(prompt_tokens=0, max_tokens=1), (t.work(now) for t in self._slots.held),
                                  (t.work(now) for t in self._waiting) if behind_queue else (), self.max_running)
 
     def reserve(self, tenant: Tenant = ANONYMOUS) -> Ticket:
@@ -127,25 +125,23 @@ class Admission:
         ticket.state = _EVICTED
         self._in_system -= 1
         self._refused_full += 1
-        if ticket._future is not None and not ticket._future.done():
-            ticket._future.set_exception(TenantOverShare(
-                f"Tenant '{ticket.tenant.name}' is over its share of this replica while others wait; retry after the "
-                "Retry-After delay", retry_after_s=self.retry_after_s()))
+        ticket.wake(TenantOverShare(
+            f"Tenant '{ticket.tenant.name}' is over its share of this replica while others wait; retry after the "
+            "Retry-After delay", retry_after_s=self.retry_after_s()))
 
     def _fits(self, tokens: int) -> bool:
-        if self._running >= self.max_running:
+        if len(self._slots) >= self.max_running:
             return False
-        return self._running == 0 or self._tokens_in_use + tokens <= self.token_budget
+        return not self._slots or self._slots.tokens_in_use + tokens <= self.token_budget
 
     def _start(self, ticket: Ticket) -> None:
         ticket.state = _RUNNING
         ticket.started = time.monotonic()
-        self._running += 1
-        self._tokens_in_use += ticket.tokens
-        self._running_tickets.add(ticket)
-        self._waiting.started(ticket.tenant, ticket.prompt_tokens)
-        ticket.batch = self._running
-        ticket.backlog = sum(t.prompt_tokens for t in self._running_tickets if not t.last_output)
+        self._slots.take(ticket)
+        ticket.resuming, ticket.paused = ticket.paused, False
+        self._waiting.started(ticket.tenant, 0 if ticket.resuming else ticket.prompt_tokens)
+        ticket.batch = len(self._slots)
+        ticket.backlog = sum(t.prompt_tokens for t in self._slots.held if not t.last_output)
 
     def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
         """`OverTimeTarget` if the pace predicts `ticket` would miss a target, or would wait in the queue
@@ -156,7 +152,7 @@ class Admission:
         now = time.monotonic()
         prediction = self.pace.predict(
             ticket.work(now),
-            (t.work(now) for t in self._running_tickets),
+            (t.work(now) for t in self._slots.for_newcomer(ticket.tenant)),  # less one that will yield to it
             (t.work(now) for t in self._waiting.ahead_of(ticket.tenant)),  # fair: only who goes first
             self.max_running,
         )
@@ -164,7 +160,7 @@ class Admission:
             return
         self._last_prediction = prediction
         ticket.predicted_first_s, ticket.asked_at = prediction.model_first_token_s, now
-        if not self._running_tickets and not self._waiting:
+        if not self._slots and not self._waiting:
             # An idle engine is the best case there is: nothing to wait behind. Refusing here would only be the
             # model's error, and a model that refuses everything learns nothing more (it learns from admitted
             # requests; docs/sizing.md, "Admission by time").
@@ -179,7 +175,7 @@ class Admission:
 
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
-        if self.pace is not None and ticket.state == _RUNNING:
+        if self.pace is not None and ticket.state == _RUNNING and not ticket.resuming:  # a resume's wait is no pace
             if not ticket.last_output:
                 was_ready = self.pace.ready
                 self.pace.first_token(ticket.backlog, ticket.batch, now - ticket.started)
@@ -190,9 +186,9 @@ class Admission:
                 elif self._waiting and now - self._swept_at >= SWEEP_EVERY_S:
                     self._sweep(now, judged=True)
             else:
-                self.pace.decoded(self._running, steps, now - ticket.last_output)
+                self.pace.decoded(len(self._slots), steps, now - ticket.last_output)
         ticket.steps += steps
-        ticket.last_output = now
+        ticket.last_output, ticket.resuming = now, False
         self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
         self.demand.served(steps, now)
 
@@ -207,9 +203,11 @@ class Admission:
         self._swept_at = now
         assert self.pace is not None
         queue = list(self._waiting)
-        predictions = self.pace.predict_queue((t.work(now) for t in self._running_tickets),
+        predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held),
                                               [t.work(now) for t in queue], self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):
+            if ticket.paused:  # its client is mid-stream: it waits for its turn, within its own deadline
+                continue
             late = over_time(prediction, Targets() if judged else ticket.targets, now - ticket.queued_at,
                              self.queue_timeout_s)
             if late is None:
@@ -218,8 +216,7 @@ class Admission:
             ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
             self._refused_time += 1
             self.demand.refused(ticket.max_steps * self.pace.output_share, now)
-            if ticket._future is not None and not ticket._future.done():
-                ticket._future.set_exception(late)
+            ticket.wake(late)
         self._pump()
 
     async def _admit(
@@ -233,29 +230,23 @@ class Admission:
             return
         ticket.state = _WAITING
         ticket.targets, ticket.queued_at = targets, time.monotonic()
-        ticket._future = asyncio.get_running_loop().create_future()
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
-        try:
-            await asyncio.wait_for(asyncio.shield(ticket._future), timeout=min(timeout_s, self.queue_timeout_s))
-        except TimeoutError:
-            if ticket.state == _RUNNING:  # admitted in the same instant the wait ran out
-                return
+        self._ask_to_yield()
+        if not await ticket.wait(min(timeout_s, self.queue_timeout_s)):
             self._refused_timeout += 1
             raise QueueTimeout(
                 f"Request waited {min(timeout_s, self.queue_timeout_s):.0f} s in the queue without a free slot; "
                 "retry later",
                 retry_after_s=self.retry_after_s(),
-            ) from None
+            )
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None:
         if ticket.state in (_RELEASED, _EVICTED):
             ticket.state = _RELEASED
             return
         if ticket.state == _RUNNING:
-            self._running -= 1
-            self._tokens_in_use -= ticket.tokens
-            self._running_tickets.discard(ticket)
+            self._slots.give_back(ticket)
             self._mean_run_s = 0.9 * self._mean_run_s + 0.1 * (time.monotonic() - ticket.started)
             if self.pace is not None and ticket.last_output and completed:
                 self.pace.finished(ticket.steps, ticket.max_steps)
@@ -270,8 +261,24 @@ class Admission:
         while (head := self._waiting.head()) is not None and self._fits(head.tokens):
             ticket = self._waiting.pop_head()
             self._start(ticket)
-            if ticket._future is not None and not ticket._future.done():
-                ticket._future.set_result(None)
+            ticket.wake()
+        self._ask_to_yield()
+
+    def _ask_to_yield(self) -> None:
+        """The waiting head cannot start: one running request at a time is asked to give it its slot."""
+        head = self._waiting.head()
+        if head is not None and not self._fits(head.tokens):
+            self._slots.ask_to_yield(head.tenant)
+
+    async def _pause(self, ticket: Ticket, timeout_s: float) -> None:
+        assert ticket.state == _RUNNING, ticket.state
+        self._slots.give_back(ticket)
+        ticket.state, ticket.paused, ticket.yield_asked = _WAITING, True, False
+        self._waiting.push_front(ticket)
+        self._pump()
+        if not await ticket.wait(timeout_s):
+            raise RequestTimeout("The request ran past its time limit while paused for another tenant's request; "
+                                 "ask for fewer tokens or retry later")
 
     def close(self, reason: str) -> None:
         """Refuse new requests from now on (draining); those already in keep their places."""
@@ -279,10 +286,10 @@ class Admission:
 
     def stats(self) -> AdmissionStats:
         return AdmissionStats(
-            running=self._running,
+            running=len(self._slots),
             waiting=len(self._waiting),
             in_system=self._in_system,
-            tokens_in_use=self._tokens_in_use,
+            tokens_in_use=self._slots.tokens_in_use,
             token_budget=self.token_budget,
             peak_waiting=self._peak_waiting,
             refused_queue_full=self._refused_full,

@@ -34,6 +34,7 @@ from app.engine.interface import (
 from app.errors import InvalidRequest, ServiceError, queue_full_class, wrong_runner
 from app.host.admission import Admission, Targets, Ticket
 from app.host.pace import EnginePace, PaceStats
+from app.host.pauses import engine_stream
 from app.host.progress_watch import ProgressWatch
 from app.host.prompt_tokenizer import PromptTokenizer
 from app.host.replica_load import ReplicaLoad, scaling_figures
@@ -97,9 +98,8 @@ class EngineHost:
             if self.supervisor.failure:
                 raise RuntimeError(self.supervisor.failure)
 
-    # The engine serving now (the supervisor's: a restart replaces it).
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> Engine:  # the one serving now (the supervisor's: a restart replaces it)
         return self.supervisor.engine
 
     def _adopt(self, engine: Engine) -> int:
@@ -141,7 +141,7 @@ class EngineHost:
                 if request.prompt.token_ids is not None and request.want_prompt_text
                 else None
             )
-            deltas = self.runner.stream(request.request_id, prompt_ids, params, deadline, request.after_wedge)
+            deltas = engine_stream(self.runner, visit.ticket, request, prompt_ids, params, deadline)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
                 # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.

@@ -29,6 +29,7 @@ class Waiting(Protocol):
     tenant: Tenant
     prompt_tokens: int
     tokens: int  # prompt + every choice's max_tokens
+    paused: bool  # a running request paused for another tenant: first of its tenant's, never displaced
 
 
 W = TypeVar("W", bound=Waiting)
@@ -96,6 +97,11 @@ class FairQueue(Generic[W]):
         self._queues.setdefault(item.tenant.name, deque()).append(item)
         self._len += 1
 
+    def push_front(self, item: W) -> None:
+        """`item` first of its tenant's (a request paused mid-answer goes on before its tenant's newer ones)."""
+        self._queues.setdefault(item.tenant.name, deque()).appendleft(item)
+        self._len += 1
+
     def remove(self, item: W) -> None:
         queue = self._queues[item.tenant.name]
         queue.remove(item)
@@ -146,7 +152,8 @@ class FairQueue(Generic[W]):
         def claim(tenant: Tenant, more: int = 0) -> tuple[bool, float]:
             return tenant.batch, (self._in_system[tenant.name] + more) / tenant.weight
 
-        if not self._queues:
+        newest = [q[-1] for q in self._queues.values() if not q[-1].paused]  # paused ones come first in theirs
+        if not newest:
             return None
-        victim = max((q[-1] for q in self._queues.values()), key=lambda item: claim(item.tenant))
+        victim = max(newest, key=lambda item: claim(item.tenant))
         return victim if claim(victim.tenant) > claim(newcomer, 1) else None

@@ -16,6 +16,7 @@ class Ticket:
     __slots__ = (
         "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
         "backlog", "batch", "predicted_first_s", "asked_at", "targets", "queued_at", "_future", "tenant",
+        "pausable", "yield_asked", "paused", "resuming",
     )
 
     def __init__(self, admission: Desk, tenant: Tenant):
@@ -30,6 +31,10 @@ class Ticket:
         self.targets = Targets()
         self.queued_at = 0.0  # when it joined the queue (its targets count from just before)
         self._future: asyncio.Future[None] | None = None
+        self.pausable = False  # its host can pause it and resume it in place (app/host/pauses.py)
+        self.yield_asked = False  # running: asked to give its slot to another tenant's request (host/preemption.py)
+        self.paused = False  # waiting again after a pause, its client mid-stream: never refused from the queue
+        self.resuming = False  # started again after a pause: its next output is no first token to learn from
 
     async def admit(self, tokens: int, timeout_s: float, targets: Targets = NO_TARGETS, prompt_tokens: int = 0,
                     max_steps: int = 0) -> None:
@@ -52,6 +57,30 @@ class Ticket:
                     started_s_ago=now - self.started if self.state == RUNNING else 0.0,
                     first_output=self.last_output > 0)
 
+    async def wait(self, timeout_s: float) -> bool:
+        """Waits in the queue until it runs (True) or `timeout_s` runs out (False)."""
+        if self.state == RUNNING:  # started before it could wait
+            return True
+        self._future = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._future), timeout=timeout_s)
+        except TimeoutError:
+            return self.state == RUNNING  # admitted in the same instant the wait ran out
+        return True
+
+    def wake(self, error: Exception | None = None) -> None:
+        """Ends its wait in the queue: it runs, or with `error` it is refused."""
+        if self._future is not None and not self._future.done():
+            if error is None:
+                self._future.set_result(None)
+            else:
+                self._future.set_exception(error)
+
+    async def pause(self, timeout_s: float) -> None:
+        """Gives the slot back and waits, at the head of its tenant's queue, to have one again (`yield_asked`);
+        `RequestTimeout` when `timeout_s` runs out first."""
+        await self._admission._pause(self, timeout_s)
+
     def release(self, completed: bool = False) -> None:
         """Gives the slot back. `completed`: it ran to its end, so its length teaches the pace how much of
         `max_tokens` requests generate; a request cut short (hang-up, timeout, error) would teach it too
@@ -66,5 +95,7 @@ class Desk(Protocol):
                      max_steps: int) -> None: ...
 
     def _produced(self, ticket: Ticket, steps: int) -> None: ...
+
+    async def _pause(self, ticket: Ticket, timeout_s: float) -> None: ...
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None: ...

@@ -90,6 +90,7 @@ def test_an_environment_key_a_tenant_names_stays_that_tenant_s(monkeypatch):
 class Item:
     def __init__(self, tenant: Tenant, prompt_tokens: int = 10, tokens: int = 30):
         self.tenant, self.prompt_tokens, self.tokens = tenant, prompt_tokens, tokens
+        self.paused = False
 
 
 def test_the_least_served_waiting_tenant_goes_first_and_one_tenant_is_fifo():

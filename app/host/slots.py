@@ -1,0 +1,84 @@
+"""Slots: a replica's requests in the engine, and which of them gives its slot to a waiting one of another tenant.
+
+The admission (app/host/admission.py) decides who takes a slot; this holds who has one. The fair queue orders who
+waits (app/host/fair_queue.py); without this, a tenant whose long streams hold every slot keeps them until each ends
+(a minute at 1,024 tokens on the CPU; docs/tenants.md), and a light tenant arriving then waits that long, or is refused
+by time, however fair the queue. So when the next waiting request cannot start, the newest pausable running request of
+the tenant holding the most slots per weight is asked to yield, if that tenant would still hold more than the waiting
+one's with the slot (batch before interactive, as places are given back in the fair queue). Slots are counted, not
+counters: a backlogged tenant's counter runs ahead of a newcomer's by design. One tenant never preempts itself, so a
+lone tenant runs first come, first served as before. The request asked pauses at its next output and resumes in place
+when its turn comes again (app/host/pauses.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection
+from typing import Generic, Protocol, TypeVar
+
+from app.tenancy import Tenant
+
+
+class Running(Protocol):
+    tenant: Tenant
+    started: float
+    pausable: bool  # its host can pause and resume it (app/host/pauses.py)
+    last_output: float
+    tokens: int  # prompt + every choice's max_tokens: what it holds of the token budget
+    yield_asked: bool
+
+
+R = TypeVar("R", bound=Running)
+
+
+def claim(tenant: Tenant, slots: int) -> tuple[bool, float]:
+    """How strongly `tenant` holds `slots`: batch above interactive, then slots per weight."""
+    return tenant.batch, slots / tenant.weight
+
+
+def to_yield(running: Collection[R], waiting: Tenant) -> R | None:
+    """The running request to pause so that `waiting`'s next request starts, or None."""
+    held = Counter(r.tenant.name for r in running)
+    candidates = [r for r in running if r.pausable]
+    if not candidates:
+        return None
+    # Among the most strongly held tenant's, the newest with output (one still in prefill notices only at its first).
+    victim = max(candidates, key=lambda r: (claim(r.tenant, held[r.tenant.name]), r.last_output > 0, r.started))
+    if claim(victim.tenant, held[victim.tenant.name]) > claim(waiting, held[waiting.name] + 1):
+        return victim
+    return None
+
+
+class Slots(Generic[R]):
+    """The requests in the engine, the tokens they hold, and the one asked to yield (at most one at a time)."""
+
+    def __init__(self) -> None:
+        self.held: set[R] = set()
+        self.tokens_in_use = 0
+        self.yielding: R | None = None
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def take(self, item: R) -> None:
+        self.held.add(item)
+        self.tokens_in_use += item.tokens
+
+    def give_back(self, item: R) -> None:
+        if self.yielding is item:
+            self.yielding = None
+        self.held.discard(item)
+        self.tokens_in_use -= item.tokens
+
+    def ask_to_yield(self, waiting: Tenant) -> None:
+        """Asks one running request to pause for `waiting`'s, unless one already has been."""
+        if self.yielding is None:
+            self.yielding = to_yield(self.held, waiting)
+            if self.yielding is not None:
+                self.yielding.yield_asked = True
+
+    def for_newcomer(self, tenant: Tenant) -> list[R]:
+        """The running requests a newcomer of `tenant` is predicted behind: not the one that will yield to it."""
+        victim = self.yielding or to_yield(self.held, tenant)
+        return [r for r in self.held if r is not victim]

@@ -69,12 +69,12 @@ def _steps_done(prompt_ids: list[int]) -> int:
     continuation), else 0: a text prompt never holds byte 0."""
     if not prompt_ids:
         return 0
-    k = prompt_ids[-1] + 1
-    while k < len(prompt_ids):
+    k, found = prompt_ids[-1] + 1, 0
+    while k < len(prompt_ids):  # the longest: past VOCAB_SIZE steps a shorter run of ids matches too
         if prompt_ids[-k:] == [j % VOCAB_SIZE for j in range(k)]:
-            return k
+            found = k
         k += VOCAB_SIZE
-    return 0
+    return found
 
 
 class FakeEngine(EngineWaits):

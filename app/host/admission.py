@@ -4,21 +4,19 @@ At most `max_running` requests, holding at most `token_budget` tokens (prompt + 
 the engine at once; up to `max_queued` more wait, in the fair order between tenants (app/host/fair_queue.py: one
 tenant is first come, first served); anything beyond is refused at once. The budget keeps a burst of long requests
 waiting here instead of making the engine preempt and recompute; a request bigger than the whole budget still runs,
-alone, so nothing valid is refused for ever. When the head of the queue cannot start, a running request of a tenant
-holding more slots may be asked to pause for it (app/host/preemption.py).
+alone, so nothing valid is refused for ever. A running request may step out of the engine and back (host/pauses.py).
 
-In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its
-target is refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when
-it would miss even alone) instead of waiting in the queue only to miss it; the queue timeout stays as a
-safety net for wrong predictions. The start of the simulation ignores the token budget (a budget-bound
-queue is predicted too short).
+In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its target is
+refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when it would miss even
+alone) instead of waiting in the queue only to miss it; the queue timeout stays as a safety net for wrong predictions.
+The start of the simulation ignores the token budget (a budget-bound queue is predicted too short).
 
 Use: `ticket = admission.reserve(tenant)` (cheap; raises before any work), validate,
 `await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
-with `ticket.produced(steps)` (this is how the pace is learned); a `pausable` ticket seen `yield_asked` stops its
-engine request and `await ticket.pause(timeout_s)`s before resuming it; `ticket.release(completed)` in a
-`finally` (`completed`: the engine ended it, rather than a hang-up, a timeout or an error).
+with `ticket.produced(steps)` (this is how the pace is learned), and `ticket.release(completed)` in a `finally`
+(`completed`: the engine ended it, not a hang-up, a timeout or an error). Pausing: app/host/pauses.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -130,9 +128,7 @@ class Admission:
             "Retry-After delay", retry_after_s=self.retry_after_s()))
 
     def _fits(self, tokens: int) -> bool:
-        if len(self._slots) >= self.max_running:
-            return False
-        return not self._slots or self._slots.tokens_in_use + tokens <= self.token_budget
+        return self._slots.room_for(tokens, self.max_running, self.token_budget)
 
     def _start(self, ticket: Ticket) -> None:
         ticket.state = _RUNNING
@@ -235,11 +231,8 @@ class Admission:
         self._ask_to_yield()
         if not await ticket.wait(min(timeout_s, self.queue_timeout_s)):
             self._refused_timeout += 1
-            raise QueueTimeout(
-                f"Request waited {min(timeout_s, self.queue_timeout_s):.0f} s in the queue without a free slot; "
-                "retry later",
-                retry_after_s=self.retry_after_s(),
-            )
+            raise QueueTimeout(f"Request waited {min(timeout_s, self.queue_timeout_s):.0f} s in the queue without a "
+                               "free slot; retry later", retry_after_s=self.retry_after_s())
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None:
         if ticket.state in (_RELEASED, _EVICTED):
@@ -270,15 +263,21 @@ class Admission:
         if head is not None and not self._fits(head.tokens):
             self._slots.ask_to_yield(head.tenant)
 
+    def _step_aside(self, ticket: Ticket) -> None:
+        """Out of the engine and not queued, still in the system (its client is not reading: host/pauses.py)."""
+        if ticket.state == _RUNNING:
+            self._slots.give_back(ticket)
+            ticket.state, ticket.yield_asked = _RESERVED, False
+            self._pump()
+
     async def _pause(self, ticket: Ticket, timeout_s: float) -> None:
-        assert ticket.state == _RUNNING, ticket.state
-        self._slots.give_back(ticket)
-        ticket.state, ticket.paused, ticket.yield_asked = _WAITING, True, False
+        self._step_aside(ticket)
+        ticket.state, ticket.paused = _WAITING, True
         self._waiting.push_front(ticket)
         self._pump()
         if not await ticket.wait(timeout_s):
-            raise RequestTimeout("The request ran past its time limit while paused for another tenant's request; "
-                                 "ask for fewer tokens or retry later")
+            raise RequestTimeout("The request ran past its time limit while paused for another tenant's request or "
+                                 "its client; ask for fewer tokens or retry later")
 
     def close(self, reason: str) -> None:
         """Refuse new requests from now on (draining); those already in keep their places."""

@@ -3,8 +3,9 @@
 It is given an `Engine` (the fake one in tests, vLLM's in production: `rayserve.replicas.make_engine`), owns the
 replica's `Admission`, and for each request: refuses at once if the queue is full (before any work), renders and
 counts the prompt, holds it to the length contract, waits for an engine slot, streams neutral deltas back (the
-`EngineRunner`), and aborts the engine request if the caller goes away, the request times out, or anything fails.
-Generation and embeddings share one admission path and one log line; the engine's lifecycle is the supervisor's.
+`EngineRunner`; paused and resumed in place by host/pauses.py), and aborts the engine request if the caller goes away,
+the request times out, or anything fails. Generation and embeddings share one admission path and one log line; the
+engine's lifecycle is the supervisor's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from app.config.common import tightest
 from app.config.model import ModelConfig
 from app.config.service import ServiceConfig
+from app.engine.client import ClientReading
 from app.engine.interface import (
     Admitted,
     ChoiceDelta,
@@ -109,13 +111,14 @@ class EngineHost:
             self.admission.token_budget = engine.kv_cache_tokens
         return self.admission.token_budget
 
-    def _prefill_tokens_per_s(self) -> float | None:
-        pace = self.admission.pace  # not measured yet: None, the watch's slow unmeasured rate
+    def _prefill_tokens_per_s(self) -> float | None:  # not measured yet: None, the watch's slow unmeasured rate
+        pace = self.admission.pace
         return pace.stats(self.admission.stats().running).prefill_tokens_per_s if pace and pace.ready else None
 
     # -- the request path -------------------------------------------------
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Admitted | GenerationDelta, None]:
+    async def generate(self, request: GenerateRequest, client: ClientReading | None = None
+                       ) -> AsyncGenerator[Admitted | GenerationDelta, None]:
         self.supervisor.require_serving()
         if self.model.runner != "generate":
             raise wrong_runner(self.model.id, self.model.runner, "generation")
@@ -136,12 +139,9 @@ class EngineHost:
         finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
         async with self._admitted(request, arrived, deadline, len(prompt_ids), params.n * params.max_tokens,
                                   params.max_tokens, first, finish, learn_from_end=True) as visit:
-            prompt_text = (
-                self.prompts.decode_now(prompt_ids, "prompt")
-                if request.prompt.token_ids is not None and request.want_prompt_text
-                else None
-            )
-            deltas = engine_stream(self.runner, visit.ticket, request, prompt_ids, params, deadline)
+            echo_ids = request.prompt.token_ids is not None and request.want_prompt_text  # their text, echoed
+            prompt_text = self.prompts.decode_now(prompt_ids, "prompt") if echo_ids else None
+            deltas = engine_stream(self.runner, visit.ticket, request, prompt_ids, params, deadline, client)
             try:
                 # Wait for the engine's first output before announcing admission, so that an engine-side
                 # rejection (a schema it cannot compile) still reaches the client as a 400, not a 200 stream.
@@ -211,9 +211,8 @@ class EngineHost:
             visit.ticket.release(completed=learn_from_end and visit.outcome == "finished")
             log.info("engine request", extra={
                 "request_id": request.request_id, "trace_id": request.trace_id, "model": self.model.id, "tenant":
-                request.tenant.name,
-                "outcome": visit.outcome, "prompt_tokens": prompt_tokens, "generated_tokens": visit.generated,
-                **logged, **visit.timings,
+                request.tenant.name, "outcome": visit.outcome, "prompt_tokens": prompt_tokens, "generated_tokens":
+                visit.generated, "pauses": visit.ticket.pauses, **logged, **visit.timings,
             })
 
     @staticmethod

@@ -1,17 +1,24 @@
-"""A request's engine stream that gives its slot to another tenant's request and resumes in place.
+"""A request's engine stream that steps out of the engine and resumes in place: for another tenant, or for a client
+that has stopped reading.
 
-When a replica's slots are all taken and the next waiting request is another tenant's, holding fewer slots per weight
-(or an interactive one while a batch request runs), one running request is asked to yield (app/host/slots.py). At its
-next output its engine request is aborted with its generated token ids kept (`Continuation`, the record that moves a
-request to another replica when its replica fails), its ticket goes back to the head of its tenant's queue, and when
-its turn comes again it continues from those tokens: the prompt's ids and the choice's own as the prompt (the prefix
-cache still holds most of them), `max_tokens` less what was generated. The client sees one stream with a pause in it.
+Two reasons to pause a running request. Another tenant's request waits and this tenant holds more slots per weight
+(or this one is batch and that one interactive): the admission asks it to yield (app/host/slots.py), and it waits at
+the head of its tenant's queue for its next turn. Or its client has stopped reading (the connection's delivery clock,
+app/http/clocks.py, sees no byte acknowledged for `NOT_READING_S` with bytes waiting): it gives back its slot at once,
+keeps its place in the system (counted against its tenant's share), and queues again only once the client reads
+again; a client that never does is cut by the write-stall clock. Either way the engine request is aborted with its
+generated token ids kept (`Continuation`, the record that moves a request to another replica when its replica fails)
+and each unfinished choice continues from them: the prompt's ids and the choice's own as the prompt (the prefix cache
+still holds most of them), `max_tokens` less what was generated. The client sees one stream with a pause in it.
 
-Pausable: one choice, and nothing the engine keeps of the request besides its tokens: no structured output or
-tool-call parsing (grammar state), no stop strings (the engine holds back text that may start one), no presence or
-frequency penalty and no bad_words (counted over the output alone). A greedy choice continues exactly as it would
-have, a seeded one too on the CPU engine (its generator advanced by the draws made), an unseeded one as a fresh sample
-of the same distribution (app/engine/continuation.py). Other requests run to their end as before.
+The engine's outputs are read by a task of their own into a queue the caller drains, so a request notices a pause
+even while its caller is blocked writing to a client that does not read.
+
+Pausable: nothing the engine keeps of the request besides its tokens: no structured output or tool-call parsing
+(grammar state), no stop strings (the engine holds back text that may start one), no presence or frequency penalty
+and no bad_words (counted over the output alone). A greedy choice continues exactly as it would have, a seeded one
+too on the CPU engine (its generator advanced by the draws made), an unseeded one as a fresh sample of the same
+distribution (app/engine/continuation.py). Other requests run to their end as before.
 """
 
 from __future__ import annotations
@@ -20,22 +27,30 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
+from typing import Any
 
+from app.engine.client import ClientReading
 from app.engine.continuation import Continuation, state_on_replica
 from app.engine.interface import ChoiceDelta, GenerateRequest, GenerationDelta, GenerationParams
-from app.host.runner import EngineRunner
+from app.host.runner import ABORT_TIMEOUT_S, EngineRunner, to_completion
 from app.host.ticket import Ticket
+
+NOT_READING_S = 2.0  # a client that accepted none of the bytes waiting for it for this long is not reading
+LOOK_AGAIN_S = 0.5  # how often a request paused for its client looks whether it reads again
+_END = object()
 
 
 def pausable(p: GenerationParams) -> bool:
-    return (p.n == 1 and not p.stop and not p.bad_words and not p.presence_penalty and not p.frequency_penalty
+    return (not p.stop and not p.bad_words and not p.presence_penalty and not p.frequency_penalty
             and state_on_replica(p) is None)
 
 
 async def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],
-                        params: GenerationParams, deadline: float) -> AsyncGenerator[GenerationDelta, None]:
+                        params: GenerationParams, deadline: float, client: ClientReading | None = None
+                        ) -> AsyncGenerator[GenerationDelta, None]:
     """The engine's deltas for `request` (its prompt's ids, its params fitted to the context), paused and resumed in
-    place whenever its ticket is asked to yield; as `EngineRunner.stream` for one that is not `pausable`."""
+    place when its ticket is asked to yield or `client` stops reading; as `EngineRunner.stream` for one that is not
+    `pausable`."""
     if not pausable(params):
         async with aclosing(runner.stream(request.request_id, prompt_ids, params, deadline,
                                           request.after_wedge)) as deltas:
@@ -43,26 +58,105 @@ async def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateR
                 yield delta
         return
     ticket.pausable = True
-    progress = Continuation(replace(request, params=params))
-    progress.prompt_ids = tuple(prompt_ids)
-    run = progress.for_engine()
-    index: int | None = None  # None: the first run (its prompt's ids, cached tokens and logprobs go to the client)
-    loop = asyncio.get_running_loop()
-    while True:
-        async with aclosing(runner.stream(run.request_id, list(run.prompt.token_ids or prompt_ids), run.params,
-                                          deadline, request.after_wedge and index is None)) as deltas:
+    out: asyncio.Queue[object] = asyncio.Queue()
+    relay = _Relay(runner, ticket, request, prompt_ids, params, deadline, client, out)
+    task = asyncio.ensure_future(relay.run())
+    try:
+        while (item := await out.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, GenerationDelta)
+            yield item
+    finally:
+        task.cancel()  # a caller gone: its engine requests aborted, to their end
+        await to_completion(asyncio.gather(task, return_exceptions=True), ABORT_TIMEOUT_S)
+
+
+class _Relay:
+    """One pausable request's engine streams, from its first to its last, into `out`."""
+
+    def __init__(self, runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],
+                 params: GenerationParams, deadline: float, client: ClientReading | None, out: asyncio.Queue[object]):
+        self.runner, self.ticket, self.request, self.client, self.out = runner, ticket, request, client, out
+        self.prompt_ids, self.params, self.deadline = prompt_ids, params, deadline
+        self.progress = Continuation(replace(request, params=params))
+        self.progress.prompt_ids = tuple(prompt_ids)
+        self.loop = asyncio.get_running_loop()
+
+    async def run(self) -> None:
+        try:
+            runs: list[tuple[GenerateRequest, int | None]] = [(self.progress.for_engine(), None)]
+            while runs:
+                reason = await self._run_until_paused(runs)
+                if reason is None:
+                    break
+                self.ticket.pauses += 1
+                if reason == "not reading":
+                    self.ticket.step_aside()
+                    await self._reading_again()
+                await self.ticket.pause(self.deadline - self.loop.time())
+                runs = [(self.progress.resume(i, self.deadline - self.loop.time()), i)
+                        for i in self.progress.unfinished() if not self._ended_at_max(i)]
+            self.out.put_nowait(_END)
+        except Exception as err:
+            self.out.put_nowait(err)
+
+    async def _run_until_paused(self, runs: list[tuple[GenerateRequest, int | None]]) -> str | None:
+        """Runs `runs` (the first request, or one continuation per unfinished choice) side by side; returns why they
+        were paused, or None when they ended."""
+        why: list[str] = []
+        paused = asyncio.Event()
+        tasks = [asyncio.ensure_future(self._one(r, index, why, paused)) for r, index in runs]
+        waiter = asyncio.ensure_future(paused.wait())
+        try:
+            pending: set[asyncio.Future[Any]] = {*tasks, waiter}
+            while pending - {waiter} and not paused.is_set():
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()  # an engine error ends the request
+        finally:
+            waiter.cancel()
+            for t in tasks:
+                t.cancel()  # closing a stream aborts its engine request
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return why[0] if why else None
+
+    async def _one(self, run: GenerateRequest, index: int | None, why: list[str], paused: asyncio.Event) -> None:
+        ids = list(run.prompt.token_ids) if index is not None and run.prompt.token_ids else self.prompt_ids
+        async with aclosing(self.runner.stream(run.request_id, ids, run.params, self.deadline,
+                                               self.request.after_wedge and index is None)) as deltas:
             async for delta in deltas:
-                passed = progress.observe(delta, index=index)
+                passed = self.progress.observe(delta, index=index)
                 if isinstance(passed, GenerationDelta):
-                    yield passed
-                if ticket.yield_asked and not progress.all_finished():
-                    break  # closing the stream aborts the engine request
-            else:
-                return  # the engine ended it
-        await ticket.pause(deadline - loop.time())
-        if len(progress.choices[0].token_ids) >= params.max_tokens:  # paused between its last token and its end
-            end = progress.observe(GenerationDelta(choices=(ChoiceDelta(0, "", 0, finish_reason="length"),)), index=0)
-            if isinstance(end, GenerationDelta):
-                yield end
-            return
-        run, index = progress.resume(0, deadline - loop.time()), 0
+                    self.out.put_nowait(passed)
+                if self.progress.all_finished():
+                    continue  # read to the engine's end: an abort now would count against nothing
+                reason = self._pause_reason()
+                if reason is not None:
+                    why.append(reason)
+                    paused.set()
+                    return
+
+    def _pause_reason(self) -> str | None:
+        if self.client is not None and self.client.stalled_s() >= NOT_READING_S:
+            return "not reading"
+        return "another tenant" if self.ticket.yield_asked else None
+
+    async def _reading_again(self) -> None:
+        """Until the client has read what it was sent and reads on (a client that never does is cut by its
+        connection's write-stall clock, which ends this request)."""
+        assert self.client is not None
+        while self.out.qsize() or self.client.stalled_s() >= NOT_READING_S:
+            if self.loop.time() >= self.deadline:
+                return  # the pause's wait ends it with its time-out
+            await asyncio.sleep(LOOK_AGAIN_S)
+
+    def _ended_at_max(self, index: int) -> bool:
+        """Choice `index` generated all of its max_tokens before the pause without its end: ended here."""
+        if len(self.progress.choices[index].token_ids) < self.params.max_tokens:
+            return False
+        end = GenerationDelta(choices=(ChoiceDelta(0, "", 0, finish_reason="length"),))
+        passed = self.progress.observe(end, index=index)
+        if isinstance(passed, GenerationDelta):
+            self.out.put_nowait(passed)
+        return True

@@ -29,7 +29,7 @@ log = logging.getLogger("app.server")
 ABORT_TIMEOUT_S = 30.0
 
 
-async def to_completion(work: Awaitable[None], timeout_s: float) -> None:
+async def to_completion(work: Awaitable[object], timeout_s: float) -> None:
     """Awaits `work` to its end even if the caller is cancelled meanwhile, then re-raises the cancellation.
 
     An engine abort runs in `finally` blocks that a client's disconnect reaches as a cancellation, and

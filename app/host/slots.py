@@ -61,6 +61,12 @@ class Slots(Generic[R]):
     def __len__(self) -> int:
         return len(self.held)
 
+    def room_for(self, tokens: int, max_running: int, token_budget: int) -> bool:
+        """A slot free and `tokens` within the budget (anything fits an empty engine: nothing is refused for ever)."""
+        if len(self.held) >= max_running:
+            return False
+        return not self.held or self.tokens_in_use + tokens <= token_budget
+
     def take(self, item: R) -> None:
         self.held.add(item)
         self.tokens_in_use += item.tokens

@@ -16,7 +16,7 @@ class Ticket:
     __slots__ = (
         "_admission", "state", "tokens", "prompt_tokens", "max_steps", "steps", "started", "last_output",
         "backlog", "batch", "predicted_first_s", "asked_at", "targets", "queued_at", "_future", "tenant",
-        "pausable", "yield_asked", "paused", "resuming",
+        "pausable", "yield_asked", "paused", "resuming", "pauses",
     )
 
     def __init__(self, admission: Desk, tenant: Tenant):
@@ -35,6 +35,7 @@ class Ticket:
         self.yield_asked = False  # running: asked to give its slot to another tenant's request (host/preemption.py)
         self.paused = False  # waiting again after a pause, its client mid-stream: never refused from the queue
         self.resuming = False  # started again after a pause: its next output is no first token to learn from
+        self.pauses = 0  # times it stepped out of the engine (for its log line)
 
     async def admit(self, tokens: int, timeout_s: float, targets: Targets = NO_TARGETS, prompt_tokens: int = 0,
                     max_steps: int = 0) -> None:
@@ -76,8 +77,12 @@ class Ticket:
             else:
                 self._future.set_exception(error)
 
+    def step_aside(self) -> None:
+        """Gives the slot back and keeps its place in the system, not queued, until it `pause`s to have one again."""
+        self._admission._step_aside(self)
+
     async def pause(self, timeout_s: float) -> None:
-        """Gives the slot back and waits, at the head of its tenant's queue, to have one again (`yield_asked`);
+        """Gives the slot back (if it has one) and waits, at the head of its tenant's queue, to have one again;
         `RequestTimeout` when `timeout_s` runs out first."""
         await self._admission._pause(self, timeout_s)
 
@@ -97,5 +102,7 @@ class Desk(Protocol):
     def _produced(self, ticket: Ticket, steps: int) -> None: ...
 
     async def _pause(self, ticket: Ticket, timeout_s: float) -> None: ...
+
+    def _step_aside(self, ticket: Ticket) -> None: ...
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None: ...

@@ -18,6 +18,10 @@ parser buffers a header block of any size before the app can answer 431 (docs/ho
   the kernel cannot tell (not Linux), the clock runs while asyncio's flow control is paused instead,
   which starts only once some 190 KiB of buffers are full.
 The idle time between requests stays uvicorn's `timeout_keep_alive`.
+
+Each request's ASGI scope carries its connection (`CLIENT_READING` in `extensions`): the colocated replica's host
+asks it how long the client has accepted nothing, and takes a stream whose client stopped reading out of the engine
+long before the write-stall clock cuts it (app/host/pauses.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from app.http.tcp_delivery import probe, unread
 from app.http.wire_json import dumps
 
 _END_OF_HEADERS = b"\r\n\r\n"
+CLIENT_READING = "app.client_reading"  # the scope's extension: {"connection": an `engine.client.ClientReading`}
 LATE_LOOP_GRACE_S = 0.1
 
 
@@ -133,6 +138,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_headers = False
         self._arm_phase(self.limits.body_timeout_s)
         super().on_headers_complete()
+        self.scope.setdefault("extensions", {})[CLIENT_READING] = {"connection": self}  # before the app's task runs
         if self._watch is None and self._kernel_counts:
             self._progress_at = self.loop.time()
             self._watch_delivery()
@@ -165,6 +171,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if in_flight or waiting:
             interval = min(1.0, self.limits.write_stall_timeout_s / 10)
             self._watch = self.loop.call_later(interval, self._watch_delivery)
+
+    def stalled_s(self) -> float:
+        """Seconds the client has acknowledged none of the bytes waiting for it, as of the last delivery check (0:
+        it reads, nothing waits, or the kernel cannot tell)."""
+        if not self._kernel_counts or self._acked < 0 or self._progress_at == 0.0:
+            return 0.0
+        return max(0.0, self.loop.time() - self._progress_at)
 
     def pause_writing(self) -> None:
         super().pause_writing()

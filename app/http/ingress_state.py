@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from app.config.app_config import AppConfig
 from app.config.model import ModelConfig
+from app.engine.client import ClientReading
 from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest, PromptInput
 from app.errors import ModelNotFound
 from app.http.gate import Capacity, Lifecycle
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]: ...
+    def generate(self, request: GenerateRequest, client: ClientReading | None = None) -> AsyncGenerator[Any, None]: ...
     async def embed(self, request: EmbedRequest) -> Embeddings: ...
     async def tokenize(self, prompt: PromptInput) -> list[int]: ...
     async def detokenize(self, token_ids: list[int]) -> str: ...

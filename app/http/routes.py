@@ -23,6 +23,7 @@ from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest
 from app.errors import InternalError, InvalidRequest, ServiceError, wrong_runner
 from app.http import sse
 from app.http.client_targets import client_targets, session_hint
+from app.http.clocks import CLIENT_READING
 from app.http.ingress_state import state_of
 from app.http.metrics import RequestTimer
 from app.http.wire_json import JSONBody, dumps_yielding
@@ -170,7 +171,9 @@ async def _generate(
     tenant = request.state.tenant
     # Its tokens_per_minute, for the most each may cost.
     reservations = state.capacity.limits.reserve_each(tenant, prompts, params.n * params.max_tokens)
-    streams = [state.capacity.track(model.id, backend.generate(r), tenant, reserved)  # full: refused here
+    # A stream's connection, when this process holds it: a client that stops reading is paused out of the engine.
+    client = request.scope.get("extensions", {}).get(CLIENT_READING, {}).get("connection") if body.stream else None
+    streams = [state.capacity.track(model.id, backend.generate(r, client), tenant, reserved)  # full: refused here
                for r, reserved in zip(engine_requests, reservations, strict=True)]
     # Validation and admission errors surface here, before the 200.
     stream: AsyncGenerator[Any, None]

@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from app.engine.client import ClientReading
 from app.engine.continuation import Continuation
 from app.engine.interface import (
     Admitted,
@@ -74,9 +75,11 @@ class HandleBackend:
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
         self.migrated: Counter[str] = Counter()  # choices resumed elsewhere mid-answer, and requests that could not be
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
+    async def generate(self, request: GenerateRequest, client: ClientReading | None = None
+                       ) -> AsyncGenerator[Any, None]:
         """The engine's stream for `request`, continued on another replica when the one serving it fails after
-        answering (app/engine/continuation.py)."""
+        answering (app/engine/continuation.py). `client` is not consulted: the engine replica is another process
+        (pausing a stream whose client stopped reading is the colocated replica's, app/host/pauses.py)."""
         started = time.monotonic()
         progress = Continuation(request)
         try:

@@ -44,12 +44,13 @@ async def listening_slowly():
 
 
 @contextlib.asynccontextmanager
-async def _listening(token_delay_s: float):
-    config = make_config(service=CLOCKS, engine={"max_model_len": 8192}, limits={"max_tokens": 4096})
+async def _listening(token_delay_s: float, **clocks: float):
+    config = make_config(service={**CLOCKS, **clocks}, engine={"max_model_len": 8192}, limits={"max_tokens": 4096})
     stack = Stack(config, FakeEngine(max_model_len=8192, token_delay_s=token_delay_s))
     port = _free_port()
     listener = HttpListener(stack.app, "127.0.0.1", port, config.service)
     listener.start()
+    await until(lambda: listener._server is not None and listener._server.started, what="the listener serving")
     try:
         yield stack, port
     finally:
@@ -157,7 +158,7 @@ async def test_a_header_block_over_the_limit_is_refused_as_it_arrives(listening)
     writer.close()
 
 
-async def _start_stream(port: int) -> socket.socket:
+async def _start_stream(port: int, max_tokens: int = 4000) -> socket.socket:
     """A raw socket (a small receive buffer set before connecting) that has sent a long streaming chat and
     reads nothing unless the test does: an asyncio StreamReader would read ahead into its own buffer."""
     sock = socket.socket()
@@ -165,7 +166,7 @@ async def _start_stream(port: int) -> socket.socket:
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     await loop.sock_connect(sock, ("127.0.0.1", port))
-    body = json.dumps(chat_body(stream=True, max_tokens=4000, ignore_eos=True)).encode()
+    body = json.dumps(chat_body(stream=True, max_tokens=max_tokens, ignore_eos=True)).encode()
     await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return sock
@@ -194,6 +195,45 @@ async def test_a_slow_stream_is_cut_off_once_its_client_accepts_nothing_not_once
     await stack.engine.wait_aborted(count=1, timeout_s=40)
     await until(lambda: stack.host.admission.stats().in_system == 0, what="the slot released")
     sock.close()
+
+
+async def test_a_stream_whose_client_stops_reading_leaves_the_engine_long_before_the_cut_and_resumes():
+    """At the default write-stall clock (30 s) a client that stops reading holds its connection that long, but its
+    engine slot only until the delivery clock has seen it accept nothing for `NOT_READING_S` (2 s): then its request
+    is out of the engine, still in the system (app/host/pauses.py). Read again, the stream goes on to its end: the
+    same answer as the request run without a pause."""
+    async with _listening(token_delay_s=0.01, write_stall_timeout_s=30) as (stack, port):
+        sock = await _start_stream(port, max_tokens=700)
+        await stack.engine.wait_running(1)
+        await stack.engine.wait_aborted(count=1, timeout_s=20)
+        adm = stack.host.admission
+        await until(lambda: (adm.stats().running, adm.stats().in_system) == (0, 1), what="out of the engine")
+        assert not stack.engine.running
+        undisturbed = asyncio.create_task(stack.client.post("/v1/chat/completions",
+                                                            json=chat_body(max_tokens=700, ignore_eos=True)))
+        loop, raw = asyncio.get_running_loop(), b""
+        async with asyncio.timeout(60):
+            while not raw.endswith(b"\r\n0\r\n\r\n"):  # the chunked body's end
+                chunk = await loop.sock_recv(sock, 65536)
+                assert chunk, "the server closed the stream"
+                raw += chunk
+        sock.close()
+        body = _unchunked(raw.partition(b"\r\n\r\n")[2]).decode()
+        assert body.rstrip().endswith("data: [DONE]")
+        events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+        streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+        assert not any("error" in e for e in events)
+        assert streamed == (await undisturbed).json()["choices"][0]["message"]["content"]
+
+
+def _unchunked(body: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, body = out + body[:size], body[size + 2:]
 
 
 async def test_a_client_that_reads_slowly_but_steadily_keeps_its_stream(listening):

@@ -192,3 +192,60 @@ async def test_streams_with_stop_strings_are_not_paused_and_the_other_tenant_wai
     assert not light.done()  # it waited for a slot
     await asyncio.gather(light, *streams)
     assert engine.aborted == []
+
+
+# -- a client that stops reading ------------------------------------------------------------------------------------
+
+
+class Client:
+    """The connection's delivery clock as the host sees it (app/engine/client.py)."""
+
+    def __init__(self) -> None:
+        self.stalled = 0.0
+
+    def stalled_s(self) -> float:
+        return self.stalled
+
+
+def one_slot_host(engine: FakeEngine) -> EngineHost:
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 4, "queue_timeout_s": 30})
+    return EngineHost(config.models[0], engine, ServiceConfig())
+
+
+def texts(deltas: list[GenerationDelta], n: int) -> list[str]:
+    return ["".join(c.text for d in deltas for c in d.choices if c.index == i) for i in range(n)]
+
+
+async def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_resumes_when_it_reads_again():
+    engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
+    host = one_slot_host(engine)
+    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.8, "seed": 5, "n": 2}
+    _, alone = await answer(host, make_request("a long story", **params))
+    client, slow = Client(), make_request("a long story", **params)
+    stream = host.generate(slow, client)
+    assert isinstance(await anext(stream), Admitted)
+    first = await anext(stream)
+    client.stalled = 10.0  # it stops reading: at its next output the request gives its slot back
+    other, _ = await answer(host, make_request("hi", max_tokens=3))  # and another runs in it meanwhile
+    assert other and slow.request_id in engine.aborted
+    stats = host.admission.stats()
+    assert (stats.running, stats.waiting, stats.in_system) == (0, 0, 1)  # out of the engine, still in the system
+    client.stalled = 0.0  # it reads again: what it was sent, then the rest, resumed per choice
+    rest = [item async for item in stream]
+    deltas = [first, *rest]
+    assert texts(deltas, 2) == texts(alone, 2)
+    assert [c.finish_reason for d in deltas for c in d.choices if c.finish_reason] == ["length", "length"]
+    assert host.admission.stats().in_system == 0
+
+
+async def test_a_client_gone_while_its_stream_is_out_of_the_engine_frees_its_place():
+    engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
+    host = one_slot_host(engine)
+    client, slow = Client(), make_request("a long story", max_tokens=60, ignore_eos=True)
+    stream = host.generate(slow, client)
+    assert isinstance(await anext(stream), Admitted)
+    await anext(stream)
+    client.stalled = 10.0
+    await until(lambda: host.admission.stats().running == 0, what="the stream out of the engine")
+    await stream.aclose()  # the write-stall clock cut the connection
+    assert host.admission.stats().in_system == 0 and not engine.running

@@ -27,6 +27,7 @@ from app.host.fair_queue import FairQueue
 from app.host.pace import EnginePace, Prediction, Work
 from app.host.slots import Slots
 from app.host.stats import AdmissionStats
+from app.host.ticket import ASIDE as _ASIDE
 from app.host.ticket import EVICTED as _EVICTED
 from app.host.ticket import RELEASED as _RELEASED
 from app.host.ticket import RESERVED as _RESERVED
@@ -44,20 +45,14 @@ SWEEP_EVERY_S = 1.0
 class Admission:
     def __init__(self, max_running: int, max_queued: int, token_budget: int, queue_timeout_s: float,
                  refusal: type[QueueFull] = QueueFull, pace: EnginePace | None = None):
-        self.pace = pace
-        self.max_running = max_running
-        self.max_queued = max_queued
-        self.token_budget = token_budget
-        self.queue_timeout_s = queue_timeout_s
-        self._refusal = refusal
-        self._in_system = 0
+        self.pace, self.max_running, self.max_queued = pace, max_running, max_queued
+        self.token_budget, self.queue_timeout_s, self._refusal = token_budget, queue_timeout_s, refusal
+        self._in_system = 0  # reserved, waiting or running: what `max_running + max_queued` bounds
+        self._aside = 0  # out of the engine while their clients do not read (host/pauses.py)
         self._waiting: FairQueue[Ticket] = FairQueue()  # fair between tenants (host/fair_queue.py)
         self._slots: Slots[Ticket] = Slots()  # who is in the engine (host/slots.py)
-        self._refused_time = 0
+        self._refused_full = self._refused_timeout = self._refused_time = self._peak_waiting = 0
         self._last_prediction: Prediction | None = None
-        self._peak_waiting = 0
-        self._refused_full = 0
-        self._refused_timeout = 0
         self._mean_run_s = 1.0  # moving average of time in the engine, for Retry-After
         self._swept_at = 0.0
         self._closed_reason: str | None = None
@@ -245,8 +240,9 @@ class Admission:
                 self.pace.finished(ticket.steps, ticket.max_steps)
         elif ticket.state == _WAITING:
             self._waiting.remove(ticket)
+        self._aside -= ticket.state == _ASIDE  # an aside one's place was given back when it stepped aside
+        self._in_system -= ticket.state != _ASIDE
         ticket.state = _RELEASED
-        self._in_system -= 1
         self._waiting.left(ticket.tenant)
         self._pump()
 
@@ -264,15 +260,19 @@ class Admission:
             self._slots.ask_to_yield(head.tenant)
 
     def _step_aside(self, ticket: Ticket) -> None:
-        """Out of the engine and not queued, still in the system (its client is not reading: host/pauses.py)."""
+        """Out of the engine and out of the count of places; its tenant's share still charged (host/pauses.py)."""
         if ticket.state == _RUNNING:
             self._slots.give_back(ticket)
-            ticket.state, ticket.yield_asked = _RESERVED, False
+            ticket.state, ticket.yield_asked = _ASIDE, False
+            self._in_system, self._aside = self._in_system - 1, self._aside + 1
             self._pump()
 
     async def _pause(self, ticket: Ticket, timeout_s: float) -> None:
-        self._step_aside(ticket)
-        ticket.state, ticket.paused = _WAITING, True
+        if ticket.state == _RUNNING:
+            self._slots.give_back(ticket)
+        else:  # back from aside: counted again, over the bound if need be (its client is mid-answer)
+            self._in_system, self._aside = self._in_system + 1, self._aside - 1
+        ticket.state, ticket.paused, ticket.yield_asked = _WAITING, True, False
         self._waiting.push_front(ticket)
         self._pump()
         if not await ticket.wait(timeout_s):
@@ -288,6 +288,7 @@ class Admission:
             running=len(self._slots),
             waiting=len(self._waiting),
             in_system=self._in_system,
+            aside=self._aside,
             tokens_in_use=self._slots.tokens_in_use,
             token_budget=self.token_budget,
             peak_waiting=self._peak_waiting,

@@ -10,6 +10,7 @@ from app.host.time_refusals import NO_TARGETS, Targets
 from app.tenancy import Tenant
 
 RESERVED, WAITING, RUNNING, RELEASED, EVICTED = "reserved", "waiting", "running", "released", "evicted"
+ASIDE = "aside"  # out of the engine and of the count of places while its client does not read (host/pauses.py)
 
 
 class Ticket:
@@ -78,7 +79,8 @@ class Ticket:
                 self._future.set_exception(error)
 
     def step_aside(self) -> None:
-        """Gives the slot back and keeps its place in the system, not queued, until it `pause`s to have one again."""
+        """Gives the slot back, and its place in the count of places (not its tenant's share), until it `pause`s to
+        have one again."""
         self._admission._step_aside(self)
 
     async def pause(self, timeout_s: float) -> None:

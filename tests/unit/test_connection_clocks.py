@@ -207,7 +207,7 @@ async def test_a_stream_whose_client_stops_reading_leaves_the_engine_long_before
         await stack.engine.wait_running(1)
         await stack.engine.wait_aborted(count=1, timeout_s=20)
         adm = stack.host.admission
-        await until(lambda: (adm.stats().running, adm.stats().in_system) == (0, 1), what="out of the engine")
+        await until(lambda: (adm.stats().running, adm.stats().aside) == (0, 1), what="out of the engine")
         assert not stack.engine.running
         undisturbed = asyncio.create_task(stack.client.post("/v1/chat/completions",
                                                             json=chat_body(max_tokens=700, ignore_eos=True)))

@@ -263,9 +263,9 @@ def tenant_stack(make_stack, token_delay_s: float = 0.0):
     seen: list[Tenant] = []
     generate = stack.host.generate
 
-    def spying(request):
+    def spying(request, client=None):
         seen.append(request.tenant)
-        return generate(request)
+        return generate(request, client)
     stack.host.generate = spying
     return stack, seen
 

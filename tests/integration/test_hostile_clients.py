@@ -57,6 +57,45 @@ def test_a_stream_that_is_never_read_is_cut_off_and_its_engine_request_aborted(s
         sock.close()
 
 
+def _read_to_end(sock: socket.socket, timeout_s: float) -> bytes:
+    """The chunked response until its last chunk (the connection stays open: keep-alive)."""
+    sock.settimeout(timeout_s)
+    raw = b""
+    while not raw.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the stream after {len(raw)} bytes"
+        raw += chunk
+    return raw
+
+
+def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_ends_whole_when_it_reads_again(service):
+    """The real engine, the colocated replica's connection clock: a client that stops reading is out of the engine
+    within seconds (its slot free, `aside` in /stats) while its connection waits; read again before the write-stall
+    clock runs out, its stream resumes from its own tokens and ends with all of them (app/host/pauses.py)."""
+    trace = f"pauses-{uuid.uuid4().hex[:8]}"
+    body = json.dumps({"model": MODEL, "messages": QUESTION, "stream": True, "max_tokens": 600, "ignore_eos": True,
+                       "temperature": 0, "logprobs": True, "top_logprobs": 5,
+                       "stream_options": {"include_usage": True}}).encode()
+    sock = _connect(service.base_url, rcvbuf=4096)
+    try:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nX-Request-Id: " + trace.encode() +
+                     b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: service.stats()["admission"]["aside"] == 1, timeout_s=60, interval_s=0.05,
+                   what="the stream out of the engine")
+        assert service.stats()["engine"]["running"] == 0
+        raw = _read_to_end(sock, timeout_s=120)  # reading again, within the write-stall clock
+    finally:
+        sock.close()
+    events = [json.loads(line[6:]) for line in raw.decode(errors="replace").split("\n") if line.startswith("data: {")]
+    assert not any("error" in e for e in events), [e for e in events if "error" in e]
+    assert events[-1]["usage"]["completion_tokens"] == 600
+    assert [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")] == ["length"]
+    (line,) = _engine_lines(service, trace)
+    assert line["outcome"] == "finished" and line["generated_tokens"] == 600 and line["pauses"] >= 1
+    assert service.wait_idle(timeout_s=30)["admission"]["aside"] == 0
+
+
 def test_a_connection_that_sends_nothing_is_closed_with_a_408(service):
     sock = _connect(service.base_url)
     sock.settimeout(60)  # a hang guard: had the server not closed it, recv() raises instead of returning b""

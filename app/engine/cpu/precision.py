@@ -48,6 +48,10 @@ _X86_FP16_FLAGS = frozenset({"avx512_fp16", "amx_fp16"})
 _ARM_FP16_FLAGS = frozenset({"asimdhp"})  # NEON half-precision arithmetic (FEAT_FP16)
 
 _NATIVE_BF16: frozenset[Isa] = frozenset({"amx", "avx512_bf16", "arm_bf16"})
+# Native, but wrong in vLLM 0.32: on a 2-core Intel Xeon with AMX (KVM), bf16 through vLLM's AMX kernels answered the
+# default model's "What is the capital of France?" (greedy, eager, bare vLLM) with "L'Étoile, la Marseillaise, la
+# femme," and float32 with "The capital of France is Paris." (docs/precision.md). Correct first: `auto` takes float32.
+_WRONG_BF16: frozenset[Isa] = frozenset({"amx"})
 _MEASURED: frozenset[Isa] = frozenset({"avx512", "avx2_ne_convert"})
 _SLOW_BF16: frozenset[Isa] = frozenset({"avx2", "x86_old", "arm_neon"})
 
@@ -195,7 +199,10 @@ def _explicit(dtype: Dtype, facts: CpuFacts, isa: Isa) -> PrecisionChoice:
     """An explicit dtype is always honoured; the warning says when this CPU is known to be slow in it."""
     where = f"{facts.model}: {_WHY[isa]}"
     warning: str | None = None
-    if dtype == "bfloat16" and isa in _SLOW_BF16:
+    if dtype == "bfloat16" and isa in _WRONG_BF16:
+        warning = (f"engine.dtype bfloat16 on {where}: vLLM 0.32's AMX bf16 path was measured answering wrong for the "
+                   "default model (docs/precision.md); set engine.dtype: auto or float32")
+    elif dtype == "bfloat16" and isa in _SLOW_BF16:
         warning = (f"engine.dtype bfloat16 on a CPU without native bf16 ({where}); expect several times lower "
                    "throughput than float32 (26 vs 110 tok/s at 16 concurrent requests on an AVX2-only EPYC); "
                    "set engine.dtype: auto or float32")
@@ -205,7 +212,7 @@ def _explicit(dtype: Dtype, facts: CpuFacts, isa: Isa) -> PrecisionChoice:
         warning = (f"engine.dtype float16 on a CPU without native fp16 compute ({facts.model}; no AVX512-FP16/AMX-FP16 "
                    "on x86, no asimdhp on ARM): emulated (11 vs 84 GFLOPS float32 in one-thread linear on an AVX2 "
                    "EPYC), and bf16 checkpoints may overflow its range; set engine.dtype: auto")
-    elif dtype == "float32" and isa in _NATIVE_BF16:
+    elif dtype == "float32" and isa in _NATIVE_BF16 - _WRONG_BF16:
         warning = (f"engine.dtype float32 on a CPU with native bf16 ({where}): slower than bfloat16 and twice the "
                    "memory for weights and KV cache; set engine.dtype: auto unless float32 is needed for accuracy")
     return PrecisionChoice(dtype=dtype, reason=f"as configured ({where})", warning=warning)
@@ -224,6 +231,8 @@ def choose_dtype(requested: str, facts: CpuFacts, *, on_gpu: bool = False,
     if wanted != "auto":
         return _explicit(wanted, facts, isa)
     where = f"{facts.model}: {_WHY[isa]}"
+    if isa in _WRONG_BF16:
+        return PrecisionChoice(dtype="float32", reason=f"{where}, measured answering wrong in vLLM 0.32; float32")
     if isa in _NATIVE_BF16:
         return PrecisionChoice(dtype="bfloat16", reason=where)
     if isa == "avx2" or isa == "arm_neon":

@@ -122,8 +122,8 @@ class Admission:
             f"Tenant '{ticket.tenant.name}' is over its share of this replica while others wait; retry after the "
             "Retry-After delay", retry_after_s=self.retry_after_s()))
 
-    def _fits(self, tokens: int) -> bool:
-        return self._slots.room_for(tokens, self.max_running, self.token_budget)
+    def _fits(self, ticket: Ticket) -> bool:
+        return self._slots.room_for(ticket, self.max_running, self.token_budget)
 
     def _start(self, ticket: Ticket) -> None:
         ticket.state = _RUNNING
@@ -216,7 +216,7 @@ class Admission:
         assert ticket.state == _RESERVED, ticket.state
         ticket.tokens, ticket.prompt_tokens, ticket.max_steps = tokens, prompt_tokens, max_steps
         self._refuse_late(ticket, targets)
-        if not self._waiting and self._fits(tokens):
+        if not self._waiting and self._fits(ticket):
             self._start(ticket)
             return
         ticket.state = _WAITING
@@ -247,7 +247,7 @@ class Admission:
         self._pump()
 
     def _pump(self) -> None:
-        while (head := self._waiting.head()) is not None and self._fits(head.tokens):
+        while (head := self._waiting.head()) is not None and self._fits(head):
             ticket = self._waiting.pop_head()
             self._start(ticket)
             ticket.wake()
@@ -256,7 +256,7 @@ class Admission:
     def _ask_to_yield(self) -> None:
         """The waiting head cannot start: one running request at a time is asked to give it its slot."""
         head = self._waiting.head()
-        if head is not None and not self._fits(head.tokens):
+        if head is not None and not self._fits(head):
             self._slots.ask_to_yield(head.tenant)
 
     def _step_aside(self, ticket: Ticket) -> None:

@@ -26,6 +26,9 @@ class Running(Protocol):
     pausable: bool  # its host can pause and resume it (app/host/pauses.py)
     last_output: float
     tokens: int  # prompt + every choice's max_tokens: what it holds of the token budget
+
+    @property
+    def choices(self) -> int: ...  # n (0 for an embedding): the engine sequences it runs
     yield_asked: bool
 
 
@@ -56,26 +59,33 @@ class Slots(Generic[R]):
     def __init__(self) -> None:
         self.held: set[R] = set()
         self.tokens_in_use = 0
+        self.seqs = 0  # engine sequences: every choice of every request held
         self.yielding: R | None = None
 
     def __len__(self) -> int:
         return len(self.held)
 
-    def room_for(self, tokens: int, max_running: int, token_budget: int) -> bool:
-        """A slot free and `tokens` within the budget (anything fits an empty engine: nothing is refused for ever)."""
-        if len(self.held) >= max_running:
-            return False
-        return not self.held or self.tokens_in_use + tokens <= token_budget
+    def room_for(self, item: R, max_running: int, token_budget: int) -> bool:
+        """Sequences free for `item`'s choices and its tokens within the budget; anything fits an empty engine
+        (nothing is refused for ever). Sequences, not requests: vLLM runs each choice of a request as a sequence of
+        its own and `max_num_seqs` bounds those, so four requests of n 4 fill 16 of its places (a request admitted
+        past them would wait inside the engine, where it can neither be seen nor paused)."""
+        if not self.held:
+            return True
+        return (self.seqs + max(1, item.choices) <= max_running
+                and self.tokens_in_use + item.tokens <= token_budget)
 
     def take(self, item: R) -> None:
         self.held.add(item)
         self.tokens_in_use += item.tokens
+        self.seqs += max(1, item.choices)
 
     def give_back(self, item: R) -> None:
         if self.yielding is item:
             self.yielding = None
         self.held.discard(item)
         self.tokens_in_use -= item.tokens
+        self.seqs -= max(1, item.choices)
 
     def ask_to_yield(self, waiting: Tenant) -> None:
         """Asks one running request to pause for `waiting`'s, unless one already has been."""

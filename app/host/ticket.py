@@ -51,8 +51,8 @@ class Ticket:
 
     @property
     def choices(self) -> int:
-        """n: how many answers its budget holds `max_steps` tokens for (0 for an embedding)."""
-        return (self.tokens - self.prompt_tokens) // max(1, self.max_steps)
+        """n: how many answers its budget holds `max_steps` tokens for (0 for an embedding, or not said)."""
+        return (self.tokens - self.prompt_tokens) // self.max_steps if self.max_steps else 0
 
     def work(self, now: float) -> Work:
         return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,

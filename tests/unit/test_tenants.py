@@ -241,7 +241,9 @@ async def test_with_one_tenant_the_queue_is_first_come_first_served_as_before():
     adm = admission(max_running=2, max_queued=30)
     rng = random.Random(3)
     tickets = [adm.reserve(A) for _ in range(32)]
-    tasks = [asyncio.create_task(t.admit(rng.randint(2, 40), 30, prompt_tokens=1, max_steps=1)) for t in tickets]
+    sizes = [rng.randint(2, 40) for _ in tickets]  # one choice each, prompts of every size
+    tasks = [asyncio.create_task(t.admit(size, 30, prompt_tokens=size - 1, max_steps=1))
+             for t, size in zip(tickets, sizes, strict=True)]
     await until(lambda: adm.stats().waiting == 30, what="thirty waiting")
     started = []
     for _ in range(32):

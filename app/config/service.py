@@ -1,4 +1,5 @@
-"""The service's own options: where it listens, API keys, request and connection clocks, draining, logs."""
+"""The service's own options: where it listens, API keys, request and connection clocks, draining, logs, and what
+every answer's usage reports."""
 
 from __future__ import annotations
 
@@ -76,6 +77,12 @@ class ServiceConfig(StrictModel):
     drain_grace_s: float = Field(30.0, ge=0, description="On shutdown, how long requests in flight may take to finish.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level of the service's own loggers."
+    )
+    enable_prompt_tokens_details: bool = Field(
+        False,
+        description="Chat and completions usage reports `prompt_tokens_details.cached_tokens` (the prompt tokens "
+        "the engine's prefix cache held), as `vllm serve --enable-prompt-tokens-details` does; off, "
+        "`prompt_tokens_details` is null, as vLLM's default. The Responses API's usage always reports them.",
     )
     colocate_ingress: bool = Field(
         True,

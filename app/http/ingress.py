@@ -24,6 +24,7 @@ from app.http.gate import OPEN_PATHS, Capacity, Gate, Lifecycle
 from app.http.ingress_state import Backend, IngressState
 from app.http.metrics import Metrics
 from app.http.wire_json import error_response
+from app.openai import validation_errors
 from app.openai.json_depth import MAX_DEPTH, too_deep_text
 from app.tenancy import Tenants
 
@@ -90,15 +91,11 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
 
     @api.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, err: RequestValidationError) -> Response:
-        first = err.errors()[0] if err.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        if first.get("type") == "json_invalid":
+        errors = list(err.errors())
+        if errors and isinstance(errors[0], dict) and errors[0].get("type") == "json_invalid":
             return error_response(InvalidRequest("The request body is not valid JSON", param=None))
-        param = loc[0] if loc else None
-        where = ".".join(loc) or "body"
-        return error_response(
-            InvalidRequest(f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param=param)
-        )
+        # vLLM's wording (it names pydantic's constraint), this service's `param`
+        return error_response(InvalidRequest(validation_errors.message(errors), param=validation_errors.param(errors)))
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:

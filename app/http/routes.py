@@ -56,7 +56,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
                           (body.top_logprobs or 0) if body.logprobs else None)
         return Responder(request_id, model_id, shape, body.n,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
-                         return_token_ids=bool(body.return_token_ids))
+                         return_token_ids=bool(body.return_token_ids),
+                         prompt_tokens_details=_prompt_tokens_details(request))
 
     return await _generate_unless_gone(request, body, writer, "chatcmpl")
 
@@ -68,9 +69,14 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
         shape = CompletionShape(n=body.n, echo_texts=body.echo_texts, echo_logprobs=body.echo_logprobs)
         return Responder(request_id, model_id, shape, body.n * body.prompt_count,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
-                         return_token_ids=bool(body.return_token_ids))
+                         return_token_ids=bool(body.return_token_ids),
+                         prompt_tokens_details=_prompt_tokens_details(request))
 
     return await _generate_unless_gone(request, body, writer, "cmpl")
+
+
+def _prompt_tokens_details(request: Request) -> bool:
+    return state_of(request).config.service.enable_prompt_tokens_details
 
 
 @router.post("/v1/responses", responses=_STREAMED)

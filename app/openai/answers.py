@@ -60,13 +60,18 @@ class Responder:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
     # vLLM's return_token_ids: chat puts the prompt's ids on the response (its first chunk), completions on each
-    # choice (its first chunk); every choice (chunk) has its output's ids.
+    # choice (its first chunk); every choice (chunk) has its output's ids. Without it the same fields say null.
     return_token_ids: bool = False
-    # Prompt tokens the engine found in its prefix cache, over every prompt (usage.prompt_tokens_details).
+    # Prompt tokens the engine found in its prefix cache, over every prompt (the Responses API's usage always says
+    # it; chat's and completions' with `prompt_tokens_details`).
     cached_tokens: int = 0
+    # vLLM's --enable-prompt-tokens-details (`service.enable_prompt_tokens_details`): usage's
+    # `prompt_tokens_details.cached_tokens`; off (vLLM's default), `prompt_tokens_details` is null.
+    prompt_tokens_details: bool = False
 
     def __post_init__(self) -> None:
         self._choices = [ChoiceState(i) for i in range(self.n)]
+        self._chunk_sent = False  # a stream's first chunk has gone (chat's carries the prompt's ids)
 
     named_events = False  # chat and completions events are plain `data:` lines
     ends_with_done = True  # then `data: [DONE]`
@@ -116,25 +121,32 @@ class Responder:
         per_prompt = max(1, self.shape.n)
         return self._choices[index // per_prompt * per_prompt:][:per_prompt]
 
-    def usage(self) -> dict[str, Any]:
+    def _counts(self) -> dict[str, Any]:
         completion = sum(c.tokens for c in self._choices)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": self.prompt_tokens + completion,
-            # OpenAI's field (vLLM sends it with --enable-prompt-tokens-details): what the prefix cache saved.
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+    def usage(self) -> dict[str, Any]:
+        """The whole answer's usage as vLLM's server sends it: `prompt_tokens_details` (what the prefix cache
+        saved) only where the operator turned it on, else null."""
+        details = {"cached_tokens": self.cached_tokens} if self.prompt_tokens_details else None
+        return {**self._counts(), "prompt_tokens_details": details}
 
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
 
     def _with_token_ids(self, choice: dict[str, Any], acc: ChoiceState, ids: list[int] | None,
                         first: bool) -> dict[str, Any]:
+        """vLLM's token-id fields, on every choice (clients read them unconditionally): null unless asked for; a
+        completions choice's prompt ids on its first chunk only (chat's are the answer's, `_prompt_ids`)."""
         if isinstance(self.shape, CompletionShape):
-            choice["prompt_token_ids"] = acc.prompt_token_ids if first else None
-        choice["token_ids"] = ids
+            choice["prompt_token_ids"] = acc.prompt_token_ids if first and self.return_token_ids else None
+        choice["token_ids"] = ids if self.return_token_ids else None
         return choice
+
+    def _prompt_ids(self) -> list[int] | None:
+        """Chat's prompt ids (one prompt, every choice's), with return_token_ids."""
+        return self._choices[0].prompt_token_ids if self.return_token_ids and self._choices else None
 
     def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
         """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
@@ -148,19 +160,22 @@ class Responder:
             if c.finish_reason is not None:  # vLLM's extension, on the chunk that ends the choice
                 choice["stop_reason"] = acc.stop_reason
             acc.started = True
-            if self.return_token_ids:
-                choice = self._with_token_ids(choice, acc, list(c.token_ids or ()), first)
-            elif choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None:
+            if not self.return_token_ids and (
+                    choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None):
                 continue
-            choices.append(choice)
+            choices.append(self._with_token_ids(choice, acc, list(c.token_ids or ()), first))
         if not choices:
             return None
         out = self._envelope(self.shape.object_chunk)
-        if self.return_token_ids and isinstance(self.shape, ChatShape):
-            out["prompt_token_ids"] = list(delta.prompt_token_ids) if delta.prompt_token_ids is not None else None
+        if isinstance(self.shape, ChatShape) and not self._chunk_sent:
+            # vLLM's: the prompt's ids on a chat stream's first chunk (null unless asked for), and no such key on
+            # any later one (its later chunks leave the field unset).
+            out["prompt_token_ids"] = self._prompt_ids()
         out["choices"] = choices
         if self.include_usage:
-            out["usage"] = self.usage() if self.continuous_usage else None
+            # vLLM's per-chunk usage is the bare counts
+            out["usage"] = self._counts() if self.continuous_usage else None
+        self._chunk_sent = True
         return out
 
     # The stream as the route writes it (the same calls as the Responses API's writer, app/openai/responses_events.py).
@@ -181,21 +196,19 @@ class Responder:
     def usage_chunk(self) -> dict[str, Any]:
         out = self._envelope(self.shape.object_chunk)
         out["choices"] = []
-        out["usage"] = self.usage()
+        # vLLM leaves a stream's null usage fields out (`prompt_tokens_details` unless turned on)
+        out["usage"] = {k: v for k, v in self.usage().items() if v is not None}
         return out
 
     def full(self) -> dict[str, Any]:
         out = self._envelope(self.shape.object_full)
         # vLLM's `stop_reason` on every choice: the stop token id or string that ended it, else null.
-        out["choices"] = [{**self.shape.full_choice(c), "stop_reason": c.stop_reason} for c in self._choices]
-        if self.return_token_ids:
-            out["choices"] = [self._with_token_ids(choice, c, c.token_ids, True)
-                              for choice, c in zip(out["choices"], self._choices, strict=True)]
-            if isinstance(self.shape, ChatShape):
-                out["prompt_token_ids"] = self._choices[0].prompt_token_ids if self._choices else None
-        # vLLM's shapes: `prompt_logprobs` on a chat answer and on each completions choice, null unless asked for
-        # (clients read the attribute unconditionally).
+        out["choices"] = [self._with_token_ids({**self.shape.full_choice(c), "stop_reason": c.stop_reason}, c,
+                                               c.token_ids, True) for c in self._choices]
+        # vLLM's shapes: `prompt_logprobs` on a chat answer and on each completions choice, and chat's
+        # `prompt_token_ids`, null unless asked for (clients read the attributes unconditionally).
         if isinstance(self.shape, ChatShape):
+            out["prompt_token_ids"] = self._prompt_ids()
             out["prompt_logprobs"] = self._choices[0].prompt_logprobs if self._choices else None
         else:  # a prompt's choices share its logprobs (the engine may send them with one of the choices only)
             for choice, c in zip(out["choices"], self._choices, strict=True):

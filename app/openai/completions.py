@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.sampling import (
     SamplingRequest,
 )
@@ -18,6 +18,9 @@ from app.openai.sampling import (
 # A completions batch (vLLM: unbounded): each prompt is an engine request of its own, admitted like any other.
 MAX_BATCH_PROMPTS = 32
 MAX_BATCH_CHOICES = 64  # prompts x n
+# vLLM's refusal of a request without a prompt (its CompletionRequest.validate_prompt_and_prompt_embeds), as its
+# server words it: VLLMValidationError's text names the parameter.
+NO_PROMPT = "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
 
 
 class CompletionRequest(SamplingRequest):
@@ -31,6 +34,20 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_given(cls, data: Any) -> Any:
+        """vLLM's check, before the prompt's type is: a prompt absent, null or "" is its 400. `prompt_embeds`
+        (vLLM's, behind --enable-prompt-embeds) is not served here; null or [] is a no-op, as in vLLM."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("prompt_embeds") not in (None, []):
+            raise UnsupportedParameter("'prompt_embeds' is not supported by this service; send 'prompt' (text or "
+                                       "token ids)", param="prompt_embeds")
+        if data.get("prompt") in (None, ""):
+            raise InvalidRequest(NO_PROMPT, param="prompt")
+        return {k: v for k, v in data.items() if k != "prompt_embeds"}
 
     @property
     def _batch(self) -> list[Any]:

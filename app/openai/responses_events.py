@@ -76,7 +76,8 @@ class ResponsesWriter:
             usage = self.chat.usage()
             out["usage"] = {
                 "input_tokens": usage["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+                # always, as vLLM's Responses usage says it (chat's needs `prompt_tokens_details` on)
+                "input_tokens_details": {"cached_tokens": self.chat.cached_tokens},
                 "output_tokens": usage["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage["total_tokens"],

@@ -58,7 +58,7 @@ class SamplingRequest(BoundedBody):
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # vLLM's: a torch int64
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     stream: bool = False

@@ -110,6 +110,11 @@ CURATED: list[Case] = [
     Case("prompt_logprobs_chat", chat(prompt_logprobs=0, max_tokens=2), expect=EXTRAS),
     Case("return_token_ids_chat_stream", chat(return_token_ids=True, stream=True), expect=EXTRAS),
     Case("return_token_ids_completion", completion(return_token_ids=True), expect=EXTRAS),
+    # prompt ids on each completions choice, with echo and logprobs too, and with a character of several bytes
+    Case("return_token_ids_completion_emoji", completion(prompt="I love coding \U0001f680", return_token_ids=True),
+         expect=EXTRAS),
+    Case("return_token_ids_completion_echo_logprobs", completion(return_token_ids=True, echo=True, logprobs=1),
+         expect="echo_with_token_ids+" + EXTRAS),
     Case("return_tokens_as_token_ids", chat(logprobs=True, top_logprobs=1, return_tokens_as_token_ids=True),
          expect=EXTRAS + "+token_id_bytes"),
     Case("structured_json", chat(structured_outputs={"json": {"type": "object", "properties": {
@@ -155,6 +160,12 @@ CURATED: list[Case] = [
     Case("truncate_over_context", completion(truncate_prompt_tokens=4096)),
     Case("min_tokens_over_max", chat(min_tokens=9)),
     Case("prompt_logprobs_stream", completion(prompt_logprobs=1, stream=True)),
+    # issue 26: a completions request without a prompt (vLLM's message), a seed past a 64-bit int (pydantic's bound)
+    Case("completion_no_prompt", Request("POST", "/v1/completions", {"model": MODEL, "temperature": 0,
+                                                                      "max_tokens": 8})),
+    Case("completion_empty_prompt", completion(prompt="")),
+    Case("seed_over_int64", chat(seed=2**63)),
+    Case("seed_under_int64", completion(seed=-(2**63) - 1)),
 ]
 
 

@@ -107,8 +107,8 @@ DIFFERENCES: list[Difference] = [
                lambda r, m: bool(_body(r).get("echo")) and bool(_body(r).get("return_token_ids"))
                and m.where.endswith(".text")),
     Difference("vllm_extra_fields", True,
-               "vLLM's always-null extension fields (`token_ids`, `prompt_token_ids` and `prompt_logprobs` unless "
-               "asked for, `routed_experts`, `service_tier`, `kv_transfer_params`, `ec_transfer_params`, `metrics`, "
+               "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
+               "`ec_transfer_params`, `metrics`, "
                "`prompt_text`, a message's `refusal`/`annotations`/`audio`/`function_call`/`reasoning`, "
                "`usage.completion_tokens_details`) are left out, and `prompt_tokens_details.created_cache_tokens` "
                "(vLLM's, with --enable-prompt-tokens-details) is not sent; `stop_reason`, which has a value, is",

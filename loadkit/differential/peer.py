@@ -5,8 +5,8 @@ The command is the peers' own (`loadkit.peers.system_command` for the `vllm` sys
 `Server` (own process group, stopped leaving nothing behind). Added here are the engine arguments the peers leave
 at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as app/engine/vllm/engine.py sets
 it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
-`--enable-prompt-tokens-details` (the service always reports `usage.prompt_tokens_details.cached_tokens`; `vllm
-serve` only with that flag, so without it every usage would differ by that one documented field). `dtype: auto`
+`--enable-prompt-tokens-details` where the config's `service.enable_prompt_tokens_details` turns the service's
+`usage.prompt_tokens_details` on (both leave it null by default). `dtype: auto`
 is given to the peer as `loadkit.precision.same_precision` gives it to every peer: what the service's `auto`
 resolves to on this CPU, not vLLM's own `auto` (the checkpoint's bfloat16).
 """
@@ -37,12 +37,13 @@ class EngineSettings:
     dtype: str  # resolved: never `auto`
     max_logprobs: int
     tool_call_parser: str | None
+    prompt_tokens_details: bool = False  # the service's `service.enable_prompt_tokens_details`
 
     @classmethod
     def from_config(cls, config: dict, model_index: int = 0) -> EngineSettings:
         """From a parsed service config (configs/cpu.yaml's layout), with the service's defaults where it is
         silent (app/config.py: max_model_len 2048, max_num_seqs 64 is vLLM's own, eager, 2 GiB, seed 0,
-        limits.max_logprobs 5)."""
+        limits.max_logprobs 5, prompt_tokens_details off)."""
         model = config["models"][model_index]
         engine = model.get("engine") or {}
         limits = model.get("limits") or {}
@@ -52,7 +53,8 @@ class EngineSettings:
                    kv_cache_gib=int(engine.get("kv_cache_gib") or 2), seed=int(engine.get("seed", 0)),
                    dtype=same_precision(str(engine.get("dtype", "auto"))),
                    max_logprobs=max(int(limits.get("max_logprobs", 5)), 1),
-                   tool_call_parser=engine.get("tool_call_parser"))
+                   tool_call_parser=engine.get("tool_call_parser"),
+                   prompt_tokens_details=bool((config.get("service") or {}).get("enable_prompt_tokens_details")))
 
     def bench_engine(self) -> Engine:
         return Engine(enforce_eager=self.enforce_eager, dtype=self.dtype, max_model_len=self.max_model_len,
@@ -60,7 +62,9 @@ class EngineSettings:
 
     def extra_args(self) -> list[str]:
         """What the bench's command for bare vLLM lacks for this service's engine."""
-        args = ["--seed", str(self.seed), "--max-logprobs", str(self.max_logprobs), "--enable-prompt-tokens-details"]
+        args = ["--seed", str(self.seed), "--max-logprobs", str(self.max_logprobs)]
+        if self.prompt_tokens_details:
+            args.append("--enable-prompt-tokens-details")
         if self.tool_call_parser:
             args += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         return args

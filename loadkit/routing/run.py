@@ -49,6 +49,8 @@ def serve_config(port: int, routing: str, kv_cache_gib: float) -> dict:
     # requests, differently for each system); the other benchmarks run the same way (loadkit/peers.py).
     model["deployment"]["ttft_target_s"] = None
     app["args"]["config"]["service"]["drain_grace_s"] = 2
+    # usage's cached tokens (drive.py records them): off by default, as in `vllm serve`
+    app["args"]["config"]["service"]["enable_prompt_tokens_details"] = True
     for deployment in app["deployments"]:
         if deployment["name"] == INGRESS_DEPLOYMENT:
             deployment["num_replicas"] = 1

@@ -230,14 +230,18 @@ def test_structured_outputs_hold_the_real_engine_to_each_kind(client):
 
 
 def test_usage_carries_the_prefix_caches_cached_tokens_and_metrics_its_counters(client, http):
-    """OpenAI's usage.prompt_tokens_details.cached_tokens on the real engine (what vLLM reports as the request's
-    num_cached_tokens), and vLLM's prefix-cache counters in /metrics. (A repeated prompt reported 0 cached tokens
-    on this CPU build in the run of 01:40, so the test asserts the shape and bounds, not a hit.)"""
+    """The prefix cache's hits on the real engine (what vLLM reports as the request's num_cached_tokens): in the
+    Responses API's `input_tokens_details.cached_tokens`, as vLLM always reports them; chat's
+    `usage.prompt_tokens_details` is null, as `vllm serve` without --enable-prompt-tokens-details sends it (the
+    stack's config leaves `service.enable_prompt_tokens_details` off). And vLLM's prefix-cache counters in /metrics.
+    (A repeated prompt reported 0 cached tokens on this CPU build in the run of 01:40, so the test asserts the shape
+    and bounds, not a hit.)"""
     question = "Here is a question asked twice, long enough to fill more than two blocks of sixteen tokens: " * 2
     ask = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1, "temperature": 0}
-    for usage in (client.chat.completions.create(**ask).usage, client.chat.completions.create(**ask).usage):
-        assert usage.prompt_tokens_details is not None
-        assert 0 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens, usage
+    assert client.chat.completions.create(**ask).usage.prompt_tokens_details is None
+    for _ in range(2):
+        usage = client.responses.create(model=MODEL, input=question, max_output_tokens=1, temperature=0).usage
+        assert 0 <= usage.input_tokens_details.cached_tokens < usage.input_tokens, usage
     metrics = http.get("/metrics").text
     for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
         assert re.search(rf'^{name}\{{[^}}]*\}} \S+$', metrics, re.M), name

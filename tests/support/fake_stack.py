@@ -109,7 +109,13 @@ async def listening(stack: Stack) -> AsyncIterator[str]:
         await stack.aclose()
 
 
-def usage_of(prompt: int, completion: int, cached: int = 0) -> dict:
-    """The `usage` object of an answer with these token counts, as the service writes it."""
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+def usage_of(prompt: int, completion: int, cached: int | None = None, streamed: bool = False) -> dict:
+    """The `usage` object of an answer with these token counts, as the service writes it (vLLM's shape):
+    `prompt_tokens_details` with `cached` (service.enable_prompt_tokens_details on), else null, and left out of a
+    stream's usage (`streamed`), where vLLM leaves nulls out."""
+    usage: dict = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    elif not streamed:
+        usage["prompt_tokens_details"] = None
+    return usage

@@ -80,3 +80,26 @@ async def test_echo_starts_the_answer_with_the_final_assistant_message(client, s
     r = await client.post("/v1/chat/completions", json=chat_body("Tell me a story.", max_tokens=3, echo=True))
     assert not r.json()["choices"][0]["message"]["content"].startswith("Tell me")
     assert json.loads(r.text)["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("max_tokens", [None, 3], ids=["default-length", "cut-short"])
+async def test_echo_leaves_the_finish_reason_the_engines(client, stream, max_tokens):
+    """Issue 26: `continue_final_message` with `echo` ends as the same request without `echo` ends, and as the
+    engine ended it (`stop` when the model stopped, `length` at max_tokens): the echoed text is not output and
+    counts against nothing. (vLLM's `stop` where this service said `length` came from the default max_tokens:
+    vLLM's is the context left, this service's `limits.default_max_tokens`; docs/api.md.)"""
+    async def finish(echo: bool) -> str | None:
+        body = {"model": MODEL_ID, "messages": STORY, "add_generation_prompt": False,
+                "continue_final_message": True, "echo": echo, "stream": stream}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        if not stream:
+            return r.json()["choices"][0]["finish_reason"]
+        events = [e for e in sse.parse(r.text) if e != "[DONE]" and e.get("choices")]
+        return next(e["choices"][0]["finish_reason"] for e in reversed(events))
+
+    expected = "stop" if max_tokens is None else "length"  # the fake answer's 9 words fit the default (32)
+    assert await finish(echo=True) == await finish(echo=False) == expected

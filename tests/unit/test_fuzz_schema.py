@@ -232,8 +232,8 @@ CHAT_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy]] = {
     "stop": (st.one_of(st.text(min_size=1, max_size=8), st.lists(st.text(min_size=1, max_size=8), max_size=2)),
              st.one_of(st.just(""), st.lists(st.text(max_size=300), min_size=3, max_size=6),
                        st.text(min_size=257, max_size=300), _json)),
-    "seed": (st.integers(-(2**63), 2**64 - 1),
-             st.one_of(st.integers(min_value=2**64), st.integers(max_value=-(2**63) - 1), _json)),
+    "seed": (st.integers(-(2**63), 2**63 - 1),  # vLLM's bounds: a torch int64
+             st.one_of(st.integers(min_value=2**63), st.integers(max_value=-(2**63) - 1), _json)),
     "presence_penalty": (st.floats(-2, 2), st.one_of(st.floats(), _json)),
     "frequency_penalty": (st.floats(-2, 2), st.one_of(st.floats(), _json)),
     "stream": (st.booleans(), _json),

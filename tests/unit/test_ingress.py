@@ -507,9 +507,11 @@ async def test_draining_refuses_with_503(client, stack):
     assert (await client.get("/livez")).status_code == 200
 
 
-async def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(client, stack):
-    """vLLM's prefix cache made visible: usage.prompt_tokens_details.cached_tokens (OpenAI's field), streamed and
-    not, and vLLM's prefix-cache counters in /metrics."""
+async def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(make_stack):
+    """vLLM's prefix cache made visible: usage.prompt_tokens_details.cached_tokens (OpenAI's field) with
+    `service.enable_prompt_tokens_details` (vLLM's --enable-prompt-tokens-details), streamed and not, and vLLM's
+    prefix-cache counters in /metrics."""
+    client = make_stack(config=make_config(service={"enable_prompt_tokens_details": True})).client
     body = chat_body("a prompt long enough to span several blocks of the prefix cache, sent twice", max_tokens=2)
     first = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
     again = (await client.post("/v1/chat/completions", json=body)).json()["usage"]

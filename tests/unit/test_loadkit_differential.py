@@ -173,3 +173,7 @@ def test_the_peer_gets_the_services_engine_arguments():
     assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
     auto = EngineSettings.from_config({"models": [{"id": "m", "engine": {"dtype": "auto"}}]})
     assert auto.dtype in ("bfloat16", "float32") and auto.tool_call_parser is None
+    # usage's prompt_tokens_details: null on both by default (issue 26), reported by both where the config says so
+    assert "--enable-prompt-tokens-details" not in args + auto.extra_args()
+    on = EngineSettings.from_config({**config, "service": {"enable_prompt_tokens_details": True}})
+    assert "--enable-prompt-tokens-details" in on.extra_args()

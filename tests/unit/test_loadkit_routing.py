@@ -54,3 +54,12 @@ def test_the_targets_are_ratios_to_power_of_two_in_the_same_run():
     assert "W3 output tokens/s" in lines[2] and "0.95× (NOT met)" in lines[2]
     text = section(rows, "header", ["earliest_first_token", "power_of_two"])
     assert "| W1 shared system prompts" in text and "| 11 | 1 |" in text and "80 %" in text
+
+
+def test_the_runs_service_reports_cached_tokens_in_usage():
+    """drive.py reads usage's cached tokens, which the service (as `vllm serve`) reports only when turned on."""
+    from app.config.app_config import parse_config
+    from loadkit.routing.run import serve_config
+
+    config = serve_config(8123, "power_of_two", 0.5)
+    assert parse_config(config["applications"][0]["args"]["config"]).service.enable_prompt_tokens_details

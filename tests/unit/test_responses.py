@@ -40,11 +40,13 @@ def test_chat_chunks_name_the_role_once_per_choice():
     r.admitted(Admitted(prompt_tokens=5))
     first = r.chunk(delta(ChoiceDelta(index=0, text="Hel", num_tokens=1)))
     assert first == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
+                     "prompt_token_ids": None,  # vLLM's, on the first chunk only
                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "logprobs": None,
-                                  "finish_reason": None}]}
+                                  "finish_reason": None, "token_ids": None}]}
     last = r.chunk(delta(ChoiceDelta(index=0, text="lo", num_tokens=1, finish_reason="stop")))
+    assert "prompt_token_ids" not in last
     assert last["choices"] == [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": "stop",
-                                "stop_reason": None}]  # vLLM's extension, on the chunk that ends the choice
+                                "stop_reason": None, "token_ids": None}]  # stop_reason: on the chunk that ends it
     assert "usage" not in first and "usage" not in last  # only asked for with include_usage
 
 
@@ -62,7 +64,7 @@ def test_chat_include_usage_sets_null_usage_on_chunks_then_a_usage_chunk():
     chunk = r.chunk(delta(ChoiceDelta(index=0, text="Hi", num_tokens=2, finish_reason="length")))
     assert chunk["usage"] is None
     assert r.usage_chunk() == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
-                               "choices": [], "usage": usage_of(4, 2)}
+                               "choices": [], "usage": usage_of(4, 2, streamed=True)}
 
 
 def test_chat_full_body_accumulates_text_tokens_and_finish():
@@ -76,11 +78,12 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
         "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": "m",
         "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "Paris"}, "logprobs": None,
-             "finish_reason": "stop", "stop_reason": "\n"},  # the stop string that ended it (vLLM's extension)
+             "finish_reason": "stop", "stop_reason": "\n",  # the stop string that ended it (vLLM's extension)
+             "token_ids": None},
             {"index": 1, "message": {"role": "assistant", "content": "London"}, "logprobs": None,
-             "finish_reason": "length", "stop_reason": None},
+             "finish_reason": "length", "stop_reason": None, "token_ids": None},
         ],
-        "prompt_logprobs": None,  # vLLM's field, null unless asked for
+        "prompt_token_ids": None, "prompt_logprobs": None,  # vLLM's fields, null unless asked for
         "usage": usage_of(3, 5),
     }
 
@@ -130,10 +133,11 @@ def test_completion_chunks_and_body_shape():
     chunk = r.chunk(delta(ChoiceDelta(index=0, text=" Paris", num_tokens=1, finish_reason="length")))
     assert chunk == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
                      "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
-                                  "stop_reason": None}]}
+                                  "stop_reason": None, "prompt_token_ids": None, "token_ids": None}]}
     assert r.full() == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
                         "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
-                                     "stop_reason": None, "prompt_logprobs": None}],
+                                     "stop_reason": None, "prompt_token_ids": None, "token_ids": None,
+                                     "prompt_logprobs": None}],
                         "usage": usage_of(2, 1)}
 
 

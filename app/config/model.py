@@ -80,7 +80,9 @@ class DeploymentConfig(StrictModel):
         "replica; replicas beyond the nodes then stay pending). Default: no limit (Serve spreads them anyway).",
     )
     num_gpus: float = Field(0.0, ge=0, description="GPUs Ray reserves per replica; 0 runs on the CPU.")
-    max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica runs in the engine at once.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Engine sequences one replica runs at once: a request of `n` choices takes `n` of "
+        "them (vLLM runs each choice as a sequence), so keep it at most `engine.max_num_seqs`.")
     max_queued_requests: int = Field(
         32, ge=0, description="Requests one replica holds waiting for a slot; beyond this it refuses at once."
     )

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 
-from loadkit.machine import cpu_facts
-
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 _ENGINE_DTYPE = re.compile(r"\bdtype=torch\.(\w+)")
 
@@ -39,9 +37,11 @@ def precision_label(asked: str, resolved: str | None) -> str:
 
 
 def same_precision(dtype: str) -> str:
-    """`auto` as this project resolves it on this CPU (bfloat16 where the CPU computes it natively, float32
-    otherwise), to give to every system: bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU
-    without AVX-512 bf16 emulates many times slower (docs/goodput.md)."""
+    """`auto` as this project resolves it on this CPU (app/engine/cpu/precision.py: the service's own decision, not a
+    copy of it), to give to every system: bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU
+    without AVX-512 bf16 emulates many times slower (docs/goodput.md), and which vLLM's AMX kernels get wrong."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if cpu_facts().native_bf16 else "float32"
+    from app.engine.cpu.precision import resolve_cpu_precision  # lazily: only a run that compares systems needs it
+
+    return resolve_cpu_precision("auto", on_gpu=False).dtype

@@ -91,7 +91,7 @@ def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_ends_whole_wh
     assert not any("error" in e for e in events), [e for e in events if "error" in e]
     assert events[-1]["usage"]["completion_tokens"] == 600
     assert [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")] == ["length"]
-    (line,) = _engine_lines(service, trace)
+    (line,) = wait_until(lambda: _engine_lines(service, trace), timeout_s=30, what="its engine log line")
     assert line["outcome"] == "finished" and line["generated_tokens"] == 600 and line["pauses"] >= 1
     assert service.wait_idle(timeout_s=30)["admission"]["aside"] == 0
 

@@ -23,10 +23,14 @@ LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."
 
 
 async def _hold_stream(client: httpx.AsyncClient, started: asyncio.Event, release: asyncio.Event) -> int:
+    """A long stream, read as it comes (a client that stops reading gives its slot back: app/host/pauses.py), until
+    told to hang up or it ends."""
     async with client.stream("POST", "/v1/chat/completions", json=LONG) as r:
         started.set()
         if r.status_code == 200:
-            await release.wait()  # keep the slot (and the connection) until told to hang up
+            async for _ in r.aiter_bytes():
+                if release.is_set():
+                    break
         return r.status_code
 
 

@@ -199,7 +199,7 @@ async def test_a_slow_stream_is_cut_off_once_its_client_accepts_nothing_not_once
 
 async def test_a_stream_whose_client_stops_reading_leaves_the_engine_long_before_the_cut_and_resumes():
     """At the default write-stall clock (30 s) a client that stops reading holds its connection that long, but its
-    engine slot only until the delivery clock has seen it accept nothing for `NOT_READING_S` (2 s): then its request
+    engine slot only until the delivery clock has seen it accept nothing for `NOT_READING_S` (1 s): then its request
     is out of the engine, still in the system (app/host/pauses.py). Read again, the stream goes on to its end: the
     same answer as the request run without a pause."""
     async with _listening(token_delay_s=0.01, write_stall_timeout_s=30) as (stack, port):

@@ -18,7 +18,10 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
-LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 400,
+# Long enough to hold its slot for seconds on a fast CPU; short enough that the queued ones are not predicted to wait
+# past the queue timeout (60 s) on a slow one, and refused by time instead of queued (float32 on a 2-core Xeon: 400
+# tokens were).
+LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 150,
         "ignore_eos": True, "temperature": 0, "stream": True}
 
 

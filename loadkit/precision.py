@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from loadkit.machine import cpu_facts
+
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 _ENGINE_DTYPE = re.compile(r"\bdtype=torch\.(\w+)")
 
@@ -37,11 +39,11 @@ def precision_label(asked: str, resolved: str | None) -> str:
 
 
 def same_precision(dtype: str) -> str:
-    """`auto` as this project resolves it on this CPU (app/engine/cpu/precision.py: the service's own decision, not a
-    copy of it), to give to every system: bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU
-    without AVX-512 bf16 emulates many times slower (docs/goodput.md), and which vLLM's AMX kernels get wrong."""
+    """`auto` as this project resolves it on this CPU (bfloat16 where the CPU computes it natively and vLLM computes it
+    right, float32 otherwise: app/engine/cpu/precision.py, which loadkit does not import), to give to every system:
+    bare vLLM's own `auto` takes the model folder's bfloat16, which a CPU without AVX-512 bf16 emulates many times
+    slower (docs/goodput.md), and which vLLM 0.32's AMX kernels answer wrong (docs/precision.md)."""
     if dtype != "auto":
         return dtype
-    from app.engine.cpu.precision import resolve_cpu_precision  # lazily: only a run that compares systems needs it
-
-    return resolve_cpu_precision("auto", on_gpu=False).dtype
+    facts = cpu_facts()
+    return "bfloat16" if facts.native_bf16 and "amx_bf16" not in facts.flags else "float32"

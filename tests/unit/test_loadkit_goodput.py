@@ -200,3 +200,5 @@ def test_auto_precision_is_resolved_once_for_every_system(monkeypatch):
     assert run.same_precision("auto") == "float32" and run.same_precision("bfloat16") == "bfloat16"
     monkeypatch.setattr(run, "cpu_facts", lambda: CpuFacts("cpu", ("avx2", "avx512f", "avx512_bf16"), 2))
     assert run.same_precision("auto") == "bfloat16"
+    monkeypatch.setattr(run, "cpu_facts", lambda: CpuFacts("cpu", ("avx2", "avx512f", "avx512_bf16", "amx_bf16"), 2))
+    assert run.same_precision("auto") == "float32"  # as the service's own `auto` (docs/precision.md)

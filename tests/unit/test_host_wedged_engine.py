@@ -64,8 +64,9 @@ class SteppedEngine(FakeEngine):
         self.last_emit = 0.0  # time.monotonic() of the last token emitted
         self._requests: dict[str, SamplingRequest] = {}
         self._stepping: asyncio.Task[None] | None = None
-        # An idle engine's first step waits for this many requests: concurrent requests reach the engine over a few
-        # turns of the loop (the tokenizer thread, the host's relay), and the worst case wants them in one step.
+        # The next step waits until this many requests are in (then back to 1): concurrent requests reach the engine
+        # over a few turns of the loop (the tokenizer thread, the host's relay), and the worst case wants them in one
+        # step.
         self.gather = 1
 
     def start(self) -> None:
@@ -96,8 +97,7 @@ class SteppedEngine(FakeEngine):
         self._requests[request_id] = request
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
-        idle = self._stepping is None or self._stepping.done()
-        if idle and len(self._requests) >= self.gather:
+        if self._stepping is None or self._stepping.done():
             self._stepping = asyncio.get_running_loop().create_task(self._steps())
         self._changed()
         try:
@@ -115,6 +115,10 @@ class SteppedEngine(FakeEngine):
 
     async def _steps(self) -> None:
         while self._requests:
+            if len(self._requests) < self.gather:  # the next step waits for all of them (see `gather`)
+                await asyncio.sleep(0.001)
+                continue
+            self.gather = 1
             unfinished = [r for r in self._requests.values() if r.emitted < r.max_tokens]
             decoding = [r for r in unfinished if r.prefill_left == 0]
             budget, prefilled, completed = self.step_tokens, 0, []

@@ -66,13 +66,10 @@ class Continuation:
         self.prompt_ids: tuple[int, ...] | None = None
         self.admitted: Admitted | None = None
         p = request.params
-        matched_here = bool(p.stop) and self._state_on_replica() is None
+        matched_here = bool(p.stop) and state_on_replica(p) is None
         self.choices = [_Choice(stops=StopStrings(p.stop, p.include_stop_str_in_output, p.min_tokens)
                                 if matched_here else None) for _ in range(p.n)]
         self.resumes = 0  # continuation requests made so far
-
-    def _state_on_replica(self) -> str | None:
-        return state_on_replica(self.request.params)
 
     def _engine_params(self, params: GenerationParams) -> GenerationParams:
         """`params` as an engine is asked them: the token ids a resume needs; the stop strings as the module
@@ -146,7 +143,7 @@ class Continuation:
 
     def unresumable(self) -> str | None:
         """Why this request cannot continue on another replica, or None."""
-        on_replica = self._state_on_replica()
+        on_replica = state_on_replica(self.request.params)
         if on_replica is not None:
             return on_replica
         if self.started and self.prompt_ids is None and any(c.token_ids for c in self.choices):

@@ -48,24 +48,23 @@ def pausable(p: GenerationParams) -> bool:
             and state_on_replica(p) is None)
 
 
-async def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],
-                        params: GenerationParams, deadline: float, client: ClientReading | None = None
-                        ) -> AsyncGenerator[GenerationDelta, None]:
+def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],
+                  params: GenerationParams, deadline: float, client: ClientReading | None = None
+                  ) -> AsyncGenerator[GenerationDelta, None]:
     """The engine's deltas for `request` (its prompt's ids, its params fitted to the context), paused and resumed in
-    place when its ticket is asked to yield or `client` stops reading; as `EngineRunner.stream` for one that is not
-    `pausable`."""
+    place when its ticket is asked to yield or `client` stops reading; `EngineRunner.stream` itself for one that is
+    not `pausable`."""
     if not pausable(params):
-        async with aclosing(runner.stream(request.request_id, prompt_ids, params, deadline,
-                                          request.after_wedge)) as deltas:
-            async for delta in deltas:
-                yield delta
-        return
+        return runner.stream(request.request_id, prompt_ids, params, deadline, request.after_wedge)
     ticket.pausable = True
-    out: asyncio.Queue[object] = asyncio.Queue()
-    relay = _Relay(runner, ticket, request, prompt_ids, params, deadline, client, out)
+    return _relayed(_Relay(runner, ticket, request, prompt_ids, params, deadline, client, asyncio.Queue()))
+
+
+async def _relayed(relay: _Relay) -> AsyncGenerator[GenerationDelta, None]:
+    """What `relay` puts in its queue, until its end or its error; a caller gone cancels it."""
     task = asyncio.ensure_future(relay.run())
     try:
-        while (item := await out.get()) is not _END:
+        while (item := await relay.out.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
             assert isinstance(item, GenerationDelta)

@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing tenants fuzz differential clean cluster-up cluster-down
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing tenants autoscaling fuzz differential clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml
 serve: setup
 	$(PY) -m app serve --config $(CONFIG)
 
-# ruff over everything Python in the project; mypy over the service's own package (pyproject.toml has both configs).
+# ruff over everything Python in the project; mypy over the service's own package and the autoscaling simulation
+# (pyproject.toml has both configs).
 lint: setup
-	$(VENV)/bin/ruff check app loadkit scripts benchmarks tests
+	$(VENV)/bin/ruff check app scalesim loadkit scripts benchmarks tests
 	$(VENV)/bin/mypy
 
 # A multi-node Ray cluster on this machine (a head and WORKERS worker nodes, each its own raylet).
@@ -86,6 +87,10 @@ routing: setup
 
 tenants: setup
 	$(PY) -m loadkit tenants
+
+# The autoscaling policy against Serve's default and a queue-depth rule on simulated fleets (docs/autoscaling.md).
+autoscaling: setup
+	$(PY) -m scalesim
 
 # The same requests to this service and to bare vLLM (same install, model and engine arguments), compared field by
 # field: the curated set and COUNT property-generated requests; the figures go to docs/differential.md.

@@ -1,5 +1,5 @@
 """`deployment.autoscaling`: replicas that follow the demand (docs/autoscaling.md). Ray Serve scales the engine
-deployment with the service's own policy (rayserve/autoscaling.py): demand in output tokens per second, served and
+deployment with the service's own policy (scaling/serve_policy.py): demand in output tokens per second, served and
 refused by time, against what one replica serves within the first-token target."""
 
 from __future__ import annotations

@@ -179,9 +179,9 @@ class Admission:
             else:
                 self.pace.decoded(len(self._slots), steps, now - ticket.last_output)
         ticket.steps += steps
+        self.demand.served(steps, now, 0 if ticket.last_output else ticket.prompt_tokens)
         ticket.last_output, ticket.resuming = now, False
         self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
-        self.demand.served(steps, now)
 
     def _sweep(self, now: float, judged: bool) -> None:
         """Refuses, with `OverTimeTarget`, queued requests now predicted to miss what they wait for; their wait so

@@ -266,7 +266,7 @@ class EngineHost:
         return ReplicaLoad.of_replica(self.supervisor, self.admission).as_stats()
 
     def autoscaling_stats(self) -> dict[str, float]:
-        """What this replica tells Serve's autoscaling policy (rayserve/autoscaling.py)."""
+        """What this replica tells Serve's autoscaling policy (scaling/serve_policy.py)."""
         return scaling_figures(self.admission)
 
     async def replica_stats(self) -> dict[str, ReplicaStats | None]:  # every replica of an in-process backend

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from app.host.demand import effective_capacity
+
 if TYPE_CHECKING:
     from app.host.admission import Admission
     from app.host.supervisor import EngineSupervisor
@@ -49,11 +51,20 @@ class ReplicaLoad:
 
 def scaling_figures(a: Admission) -> dict[str, float]:
     """Decode steps per second (one per stream per token) this replica served and refused by time over the last
-    30 s (host/demand.py), what it makes at a full batch (`capacity`, once measured) and the first token a newcomer
-    would see now (`wait_s`, once measured). Serve averages each over the policy's look-back window."""
+    10 s (host/demand.py), what it makes at a full batch for the prompts it serves (`capacity`, once measured) and
+    the first token a newcomer would see now (`wait_s`, once measured). Serve averages each over the policy's
+    look-back window."""
     served, refused = a.demand.rates()
     figures = {"served": served, "refused": refused, "in_system": float(a.stats().in_system)}
-    capacity = a.pace.output_tokens_per_s(a.max_running) if a.pace is not None else None
+    decode = a.pace.output_tokens_per_s(a.max_running) if a.pace is not None else None
+    capacity = None if decode is None or a.pace is None else effective_capacity(
+        decode, a.pace.prefill_s_per_token(), a.demand.prompt_per_output())
     wait = a.predicted_wait_s()
     figures.update({k: v for k, v in (("capacity", capacity), ("wait_s", wait)) if v is not None})
     return figures
+
+
+def refused_at_ingress(a: Admission, max_steps: int) -> None:
+    """Requests the ingress refused by time for the whole deployment, counted here as refused demand: their most
+    output times the share of it requests really use (this replica's measure)."""
+    a.demand.refused(max_steps * (a.pace.output_share if a.pace is not None else 1.0))

@@ -17,9 +17,9 @@ from ray.serve.deployment import Deployment
 from app.config.app_config import AppConfig, load_config, parse_config
 from app.config.common import ConfigError
 from app.config.model import ModelConfig
-from app.rayserve.autoscaling import serve_autoscaling_config
 from app.rayserve.replicas import EngineReplica, Ingress, ModelServer
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, ServingReplicaRouter
+from app.scaling.serve_policy import serve_autoscaling_config
 
 INGRESS_NAME = "ingress"
 # Serve's own per-replica cap sits above ours, so overflow reaches EngineHost and is refused fast and honestly.
@@ -50,7 +50,7 @@ def _engine_deployment(model: ModelConfig, config: AppConfig, cls: type = Engine
         # nothing; a tight Serve cap would make the proxy queue them, then drop them as plain-text 503s.
         serve_cap = _HTTP_HEADROOM + serve_cap
     replicas: dict[str, Any] = {"num_replicas": dep.num_replicas}
-    if dep.autoscaling is not None:  # the service's policy on the replicas' token demand (rayserve/autoscaling.py)
+    if dep.autoscaling is not None:  # the service's policy on the replicas' token demand (scaling/serve_policy.py)
         replicas = {"autoscaling_config": serve_autoscaling_config(dep.autoscaling, dep.ttft_target_s)}
     return serve.deployment(
         name=engine_deployment_name(model.id),

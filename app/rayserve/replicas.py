@@ -30,6 +30,7 @@ from app.config.service import ServiceConfig
 from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, PromptInput
 from app.errors import ServiceError
 from app.host.engine_host import EngineHost
+from app.host.replica_load import refused_at_ingress
 from app.host.stats import ReplicaStats
 from app.http.ingress import create_app
 from app.http.listener import HttpListener
@@ -195,8 +196,12 @@ class EngineReplica:
         return self.host.routing_stats()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's autoscaling hook, read by the policy (rayserve/autoscaling.py) when the deployment autoscales."""
+        """Serve's autoscaling hook, read by the policy (scaling/serve_policy.py) when the deployment autoscales."""
         return self.host.autoscaling_stats()
+
+    def refused_at_ingress(self, max_steps: int) -> None:
+        """Decode steps the ingress refused by time on the deployment's behalf (rayserve/unmet_demand.py)."""
+        refused_at_ingress(self.host.admission, max_steps)
 
     def __del__(self) -> None:
         host = getattr(self, "host", None)

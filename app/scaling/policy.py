@@ -12,9 +12,9 @@ policy plans for `target_utilization` of it:
 
 Scale up: to `desired`, and by one at least while an arrival's predicted first token on the soonest replica is past
 the target or a busy fleet refuses by time (the demand a saturated fleet can measure is capped by what it serves).
-Scale down: by one, only when the demand would fit the smaller fleet with a margin (`DOWN_MARGIN`), so that removing
-a replica cannot itself call for one again. Serve applies `upscale_delay_s` and `downscale_delay_s` to the answer
-(the desire must hold that long), and the bounds.
+Scale down: to the fewest replicas the demand fits with a margin (`DOWN_MARGIN`), in one step, so that removing
+replicas cannot itself call for one again, and a step of load costs one scale event each way. Serve applies
+`upscale_delay_s` and `downscale_delay_s` to the answer (the desire must hold that long), and the bounds.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import statistics
 from dataclasses import dataclass
 
 # Scale down only when the demand fits in the smaller fleet at this share of its planned capacity: with the planned
-# 0.8, a fleet of 2 goes to 1 below 0.56 of one replica's capacity, and comes back above 0.8 (no flapping between).
-DOWN_MARGIN = 0.7
+# 0.8, a fleet of 2 goes to 1 below 0.68 of one replica's capacity, and comes back above 0.8 (no flapping between).
+# At 0.7 a load of 0.55 of one replica kept two after the step trace's peak (the simulation, docs/autoscaling.md).
+DOWN_MARGIN = 0.85
 
 
 @dataclass(frozen=True)
@@ -46,24 +47,35 @@ class Knobs:
     ttft_target_s: float | None = 10.0
 
 
-def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs) -> int:
-    """The replica count the demand needs, within the bounds; `current` when nothing is measured yet."""
-    measured = [r.capacity for r in replicas if r.capacity]
-    demand = sum(r.served + r.refused for r in replicas)
-    waits = [r.wait_s for r in replicas if r.wait_s is not None]
+def _demand(replicas: list[ReplicaFigures]) -> float:
+    return sum(r.served + r.refused for r in replicas)
+
+
+def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs,
+                     recent: list[ReplicaFigures] | None = None) -> int:
+    """The replica count the demand needs, within the bounds; `current` when nothing is measured yet.
+
+    `replicas`: each replica's figures averaged over the look-back window; `recent`: over the last few seconds
+    (default: the same). Up follows the recent figures (a step shows there within seconds; the look-back average put
+    the first decision 30 s later and then asked for one replica at a time), down only what both windows allow."""
+    recent = recent if recent is not None else replicas
+    measured = [r.capacity for r in [*replicas, *recent] if r.capacity]
+    waits = [r.wait_s for r in recent if r.wait_s is not None]
     planned = statistics.median(measured) * knobs.target_utilization if measured else None
-    busy = planned is None or demand > current * planned * DOWN_MARGIN
+    busy = planned is None or _demand(recent) > current * planned * DOWN_MARGIN
     # Late: the soonest replica's next first token is past the target, or a busy fleet refuses by time (a quiet
     # fleet's refusals are requests too long for the target even alone: more replicas would not help them).
     late = (knobs.ttft_target_s is not None and bool(waits) and min(waits) > knobs.ttft_target_s) or (
-        busy and any(r.refused > 0 for r in replicas))
+        busy and any(r.refused > 0 for r in recent))
     desired = current
     if planned is not None:
-        needed = math.ceil(demand / planned) if demand > 0 else knobs.min_replicas
+        up, down = _demand(recent), max(_demand(recent), _demand(replicas))
+        needed = math.ceil(up / planned) if up > 0 else knobs.min_replicas
+        fewest = max(1, math.ceil(down / (planned * DOWN_MARGIN)))  # where the demand fits with the margin
         if needed > current:
             desired = needed
-        elif needed < current and not late and demand <= (current - 1) * planned * DOWN_MARGIN:
-            desired = current - 1
+        elif fewest < current and not late:
+            desired = fewest
     if late:
         desired = max(desired, current + 1)
     return max(knobs.min_replicas, min(knobs.max_replicas, desired))

@@ -1,19 +1,20 @@
 """Autoscaling (issue 25, first step): `deployment.autoscaling` in the config, each replica's token demand
 (host/demand.py, host/replica_load.scaling_figures), the policy on recorded figures (scaling/policy.py) and what Ray
-Serve is handed (rayserve/autoscaling.py)."""
+Serve is handed (scaling/serve_policy.py)."""
 
 from __future__ import annotations
 
 import pytest
+from ray.serve._private.common import TimeStampedValue
 
 from app.config.common import ConfigError
 from app.engine.fake import FakeEngine
 from app.errors import OverTimeTarget
-from app.host.demand import DemandMeter
+from app.host.demand import DemandMeter, effective_capacity
 from app.host.engine_host import EngineHost
-from app.rayserve.autoscaling import TokenDemandPolicy
 from app.rayserve.builder import build_from_config, colocated
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
+from app.scaling.serve_policy import TokenDemandPolicy
 from tests.support.fake_stack import make_config, make_request
 from tests.unit.test_builder import _engine_behind_the_ingress
 
@@ -42,7 +43,7 @@ def test_serve_gets_the_service_s_policy_with_the_model_s_bounds_target_and_dela
     scaling = deployment._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.initial_replicas) == (1, 3, 1)
     assert (scaling.upscale_delay_s, scaling.downscale_delay_s) == (10.0, 90.0)
-    assert scaling.policy.policy_function == "app.rayserve.autoscaling:TokenDemandPolicy"
+    assert scaling.policy.policy_function == "app.scaling.serve_policy:TokenDemandPolicy"
     assert scaling.policy.policy_kwargs == {"min_replicas": 1, "max_replicas": 3, "target_utilization": 0.8,
                                             "ttft_target_s": 8.0}
 
@@ -64,7 +65,7 @@ async def test_a_replica_reports_what_it_served_what_it_refused_by_time_and_its_
     for i in range(5):
         [_ async for _ in host.generate(make_request(f"q{i}", max_tokens=8))]
     figures = host.autoscaling_stats()
-    assert figures["served"] == pytest.approx(5 * 8 / 30) and figures["capacity"] > 0 and "wait_s" in figures
+    assert figures["served"] == pytest.approx(5 * 8 / 10) and figures["capacity"] > 0 and "wait_s" in figures
     stream = host.generate(make_request("long", max_tokens=60))
     await anext(stream)  # running: a newcomer would now wait past the 0.05 s target
     with pytest.raises(OverTimeTarget):
@@ -80,16 +81,25 @@ def test_the_policy_scales_to_the_demand_and_up_by_one_at_least_while_arrivals_a
     assert desired_replicas(3, [_replica(300, refused=300)] * 3, KNOBS) == 4  # never past max_replicas
 
 
-def test_the_policy_scales_down_one_at_a_time_only_with_room_to_spare_and_never_flaps():
-    assert desired_replicas(2, [_replica(20), _replica(20)], KNOBS) == 1  # 40 fits one replica's 56 with margin
-    assert desired_replicas(2, [_replica(30), _replica(30)], KNOBS) == 2  # 60 would not: keep two
-    assert desired_replicas(4, [_replica(5)] * 4, KNOBS) == 3  # one at a time
-    assert desired_replicas(2, [_replica(60, refused=1), _replica(60)], KNOBS) == 3  # busy and refusing: up
+def test_the_policy_scales_down_in_one_step_only_with_room_to_spare_and_never_flaps():
+    assert desired_replicas(2, [_replica(30), _replica(30)], KNOBS) == 1  # 60 fits one replica's 68 with margin
+    assert desired_replicas(2, [_replica(36), _replica(36)], KNOBS) == 2  # 72 would not: keep two
+    assert desired_replicas(4, [_replica(5)] * 4, KNOBS) == 1  # to the fewest that fit, in one scale event
+    assert desired_replicas(4, [_replica(40)] * 4, KNOBS) == 3  # 160 fits three (204), not two (136)
+    assert desired_replicas(2, [_replica(70, refused=1), _replica(70)], KNOBS) == 3  # busy and refusing: up
     assert desired_replicas(2, [_replica(5, refused=1), _replica(5)], KNOBS) == 1  # quiet: a too-long request
-    # Between the thresholds (56 .. 80 of one replica's planned 80) neither direction moves: no flapping.
-    for demand in (57, 65, 79):
+    # Between the thresholds (68 .. 80 of one replica's planned 80) neither direction moves: no flapping.
+    for demand in (69, 75, 79):
         assert desired_replicas(1, [_replica(demand)], KNOBS) == 1
         assert desired_replicas(2, [_replica(demand / 2), _replica(demand / 2)], KNOBS) == 2
+
+
+def test_up_follows_the_recent_figures_and_down_waits_for_both_windows():
+    quiet, stepped = [_replica(40)], [_replica(80, refused=150)]
+    assert desired_replicas(1, quiet, KNOBS, recent=stepped) == 3  # the step shows in the last seconds: 230 / 80
+    earlier = [_replica(80, refused=150), _replica(0), _replica(0)]
+    assert desired_replicas(3, earlier, KNOBS, recent=[_replica(10)] * 3) == 3  # the look-back still holds the peak
+    assert desired_replicas(3, [_replica(10)] * 3, KNOBS, recent=[_replica(10)] * 3) == 1
 
 
 def test_nothing_measured_keeps_the_count_and_the_bounds_hold():
@@ -98,10 +108,11 @@ def test_nothing_measured_keeps_the_count_and_the_bounds_hold():
 
 
 class _Context:
-    def __init__(self, current: int, metrics: dict):
+    def __init__(self, current: int, metrics: dict, raw: dict | None = None):
         self.current_num_replicas = current
         self.running_replicas = list(next(iter(metrics.values())).keys()) if metrics else []
         self.aggregated_metrics = metrics
+        self.raw_metrics = raw or {}
         self.policy_state = {"kept": True}
 
 
@@ -111,3 +122,25 @@ def test_serve_s_context_becomes_the_policy_s_figures():
     assert policy(_Context(1, busy)) == (2, {"kept": True})  # type: ignore[arg-type]
     idle = {"served": {"a": 5.0, "b": 5.0}, "refused": {"a": 0.0, "b": 0.0}, "capacity": {"a": 100.0, "b": 90.0}}
     assert policy(_Context(2, idle))[0] == 1  # type: ignore[arg-type]
+
+
+def test_the_policy_reads_the_last_ten_seconds_of_serve_s_raw_series_for_scaling_up():
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=4, target_utilization=0.8, ttft_target_s=10.0)
+    averaged = {"served": {"a": 40.0}, "refused": {"a": 0.0}, "capacity": {"a": 100.0}}
+    series = {"served": {"a": [TimeStampedValue(t, 40.0 if t < 25 else 80.0) for t in range(31)]},
+              "refused": {"a": [TimeStampedValue(t, 0.0 if t < 25 else 150.0) for t in range(31)]},
+              "capacity": {"a": [TimeStampedValue(t, 100.0) for t in range(31)]}}
+    assert policy(_Context(1, averaged))[0] == 1  # the 30 s average alone: not yet
+    # Samples 20..30: five before the step, six after; (40*5 + 80*6)/11 + 150*6/11 = 143.6 -> 2 of 80.
+    assert policy(_Context(1, averaged, series))[0] == 2  # type: ignore[arg-type]
+
+
+def test_capacity_counts_the_engine_time_prefill_takes():
+    assert effective_capacity(500.0, None, 2.0) == 500.0
+    assert effective_capacity(500.0, 3e-4, 0.0) == 500.0
+    # 1/500 s per output token plus 2 prompt tokens at 0.3 ms each: 1 / 0.0026
+    assert effective_capacity(500.0, 3e-4, 2.0) == pytest.approx(384.6, abs=0.1)
+    meter = DemandMeter(window_s=10)
+    meter.served(1, now=1.0, prompt_tokens=300)
+    meter.served(99, now=2.0)
+    assert meter.prompt_per_output(now=3.0) == pytest.approx(3.0)

@@ -1,0 +1,78 @@
+"""The engine deployments' Ray Serve autoscaling policy (Ray 2.60's `AutoscalingConfig.policy`) and the
+`autoscaling_config` that names it: each replica's `record_autoscaling_stats` (host/replica_load.scaling_figures),
+averaged by Serve over the look-back window, into scaling/policy.py's answer. Serve applies the delays and bounds of
+the deployment's `autoscaling_config` to it.
+
+Serve 2.60 gives a policy its own deployment's figures only; the ingress's refusals at once (app/routing/) reach it
+because the ingress reports them to an engine replica about once a second (rayserve/handle_backend.py), which
+counts them as refused demand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve.config import AutoscalingContext
+
+from app.config.autoscaling import AutoscalingSettings
+from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
+
+# Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
+# load shows there at once, where the look-back average lags it by half its window.
+RECENT_S = 10.0
+_FIGURES = ("served", "refused", "capacity", "wait_s")
+
+
+def _recent(raw: dict[str, dict[Any, list[Any]]]) -> dict[str, dict[Any, float]]:
+    """Each replica's mean of each figure over the RECENT_S before its newest sample (Serve's raw time series)."""
+    out: dict[str, dict[Any, float]] = {}
+    for name, by_replica in raw.items():
+        for replica, series in by_replica.items():
+            if series:
+                newest = max(s.timestamp for s in series)
+                values = [s.value for s in series if s.timestamp >= newest - RECENT_S]
+                out.setdefault(name, {})[replica] = sum(values) / len(values)
+    return out
+
+
+class TokenDemandPolicy:
+    """Built by Serve once per deployment with `policy_kwargs` (`kwargs_for`), then called every control-loop tick."""
+
+    def __init__(self, min_replicas: int, max_replicas: int, target_utilization: float,
+                 ttft_target_s: float | None):
+        self.knobs = Knobs(min_replicas, max_replicas, target_utilization, ttft_target_s)
+
+    def __call__(self, ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
+        stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
+        recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
+        return desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent), ctx.policy_state
+
+
+def _figures(running: list[Any], metrics: dict[str, dict[Any, float]]) -> list[ReplicaFigures]:
+    """The running replicas' figures (those that reported none are left out)."""
+    out = []
+    for replica in running:
+        values = {name: metrics.get(name, {}).get(replica) for name in _FIGURES}
+        if any(v is not None for v in values.values()):
+            out.append(ReplicaFigures(served=values["served"] or 0.0, refused=values["refused"] or 0.0,
+                                      capacity=values["capacity"], wait_s=values["wait_s"]))
+    return out
+
+
+def kwargs_for(settings: AutoscalingSettings, ttft_target_s: float | None) -> dict[str, Any]:
+    return {"min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
+            "target_utilization": settings.target_utilization, "ttft_target_s": ttft_target_s}
+
+
+def serve_autoscaling_config(settings: AutoscalingSettings, ttft_target_s: float | None) -> dict[str, Any]:
+    """Serve's `autoscaling_config` for an engine deployment."""
+    return {
+        "min_replicas": settings.min_replicas,
+        "max_replicas": settings.max_replicas,
+        "initial_replicas": settings.min_replicas,
+        "upscale_delay_s": settings.upscale_delay_s,
+        "downscale_delay_s": settings.downscale_delay_s,
+        "look_back_period_s": settings.look_back_s,
+        "policy": {"policy_function": f"{__name__}:TokenDemandPolicy",
+                   "policy_kwargs": kwargs_for(settings, ttft_target_s)},
+    }

@@ -62,11 +62,12 @@ class LongStream(threading.Thread):
                 None if self.usage is None else self.usage.completion_tokens, self.error)
 
     def whole(self) -> str | None:
-        """Why this LONG stream is not a whole answer (None: it is)."""
+        """Why this stream (with `ignore_eos`, as LONG's) is not a whole answer of its max_tokens (None: it is)."""
         if self.error is not None:
             return self.error
         if self.finish != "length" or self.usage is None:
             return f"finish {self.finish!r}, usage {self.usage}"
-        if self.usage.completion_tokens != LONG["max_tokens"]:
-            return f"{self.usage.completion_tokens} completion tokens, not {LONG['max_tokens']}"
+        wanted = self.request.get("max_tokens", LONG["max_tokens"])
+        if self.usage.completion_tokens != wanted:
+            return f"{self.usage.completion_tokens} completion tokens, not {wanted}"
         return None

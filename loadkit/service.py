@@ -334,6 +334,8 @@ def derive_config(base: Path | dict, port: int, api_key: str | None = None, *, s
     for section, changes in (("engine", engine), ("deployment", deployment), ("limits", limits)):
         if changes:
             first.setdefault(section, {}).update(changes)
+    if "num_replicas" in (deployment or {}):  # a fixed count in place of the base's autoscaling (one or the other)
+        first["deployment"].pop("autoscaling", None)
     return config
 
 

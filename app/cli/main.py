@@ -87,6 +87,10 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
     serve until a signal, drain and stop, and reap whatever is left."""
     config = load_config(config_path)
     own_ray = not os.environ.get("RAY_ADDRESS")
+    if own_ray:
+        config, notes = config.on_one_machine()
+        for note in notes:
+            say(note)
     if own_ray and not _port_free(config):
         return 1
     logging.basicConfig(level=config.service.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -64,6 +64,26 @@ class AppConfig(StrictModel):
                         for t in self.tenants)
         return self.model_copy(update={"service": service, "tenants": tenants})
 
+    def on_one_machine(self) -> tuple[AppConfig, list[str]]:
+        """This config for a Ray of this machine alone (`python -m app serve` without RAY_ADDRESS): a CPU model that
+        autoscales runs its `min_replicas`, fixed, since a second CPU engine here would compute on the cores the
+        first already claimed (engine/cpu/claims.py) and add no capacity; with one replica, it serves HTTP itself
+        (no hop per token). GPU models keep autoscaling (another GPU of the machine is capacity). With a note per
+        model changed."""
+        models, notes = [], []
+        for m in self.models:
+            scaling = m.deployment.autoscaling
+            if scaling is None or m.deployment.num_gpus:
+                models.append(m)
+                continue
+            fixed = m.deployment.model_copy(update={"autoscaling": None, "num_replicas": scaling.min_replicas})
+            models.append(m.model_copy(update={"deployment": fixed}))
+            notes.append(f"model {m.id}: autoscaling ({scaling.min_replicas}-{scaling.max_replicas} replicas) needs "
+                         f"a cluster; on this one machine a second CPU engine would share the first one's cores, "
+                         f"so it runs {scaling.min_replicas} replica(s). To scale out: `python -m app cluster up` "
+                         "and RAY_ADDRESS, or KubeRay (docs/autoscaling.md)")
+        return self.model_copy(update={"models": tuple(models)}), notes
+
 
 def _describe(err: ValidationError) -> str:
     lines = []

@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from app.http.scaling_metrics import ScalingCollector
+
 if TYPE_CHECKING:
     from app.host.stats import ReplicaStats
     from app.routing.figures import FleetFigures, ReplicaRouting
+    from app.scaling.decision import ScalingDecision
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -87,15 +90,17 @@ class Metrics:
     def render(self, replica_stats: Mapping[str, Mapping[str, ReplicaStats | None]],
                retried: Mapping[str, Mapping[str, int]] | None = None,
                migrated: Mapping[str, Mapping[str, int]] | None = None,
-               routing: Mapping[str, FleetFigures] | None = None) -> bytes:
+               routing: Mapping[str, FleetFigures] | None = None,
+               scaling: Mapping[str, ScalingDecision] | None = None) -> bytes:
         """`replica_stats`: per model, every replica's figures by its id (None: it did not answer; it is reported
         down), each series labelled with its `replica` (sum by model_name for the model's figure).
         `retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
         (`HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
         their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`); `routing`: per
-        fleet-routed model, its router's figures (app/routing/)."""
+        fleet-routed model, its router's figures (app/routing/); `scaling`: per autoscaled model, the policy's last
+        decision (app/scaling/decision.py)."""
         return (generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
-                + generate_latest(_Routing(routing or {})))
+                + generate_latest(_Routing(routing or {})) + generate_latest(ScalingCollector(scaling or {})))
 
 
 def _or_nan(value: float | None) -> float:

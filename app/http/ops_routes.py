@@ -9,6 +9,7 @@ model's single figure beside them (`host.stats.combined`).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
@@ -20,6 +21,7 @@ from app.host.stats import ReplicaStats, combined
 from app.http.ingress_state import Backend, state_of
 from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.routing.figures import FleetFigures
+from app.scaling.decision import ScalingDecision
 
 router = APIRouter()
 _PROBE_TIMEOUT_S = 5
@@ -50,6 +52,20 @@ async def _every_replica(backends: Mapping[str, Backend]) -> dict[str, dict[str,
     return dict(zip(backends.keys(), answers, strict=True))
 
 
+async def _scaling(backends: Mapping[str, Backend]) -> dict[str, ScalingDecision]:
+    """Each autoscaled model's last scaling decision (rayserve/scaling_view.py; app/scaling/decision.py)."""
+    out = {}
+    for model_id, backend in backends.items():
+        view = getattr(backend, "scaling", None)
+        try:
+            decision = await view.current() if view is not None else None
+        except Exception:  # the key-value store is slow or gone: no figure this time
+            decision = None
+        if decision is not None:
+            out[model_id] = decision
+    return out
+
+
 def _routing(backends: Mapping[str, Backend]) -> dict[str, FleetFigures]:
     """Each fleet-routed model's router figures (rayserve/handle_backend.py; app/routing/)."""
     routers = {model_id: getattr(b, "routing", None) for model_id, b in backends.items()}
@@ -60,13 +76,15 @@ def _routing(backends: Mapping[str, Backend]) -> dict[str, FleetFigures]:
 async def stats(request: Request) -> dict[str, Any]:
     out: dict[str, Any] = {}
     backends = state_of(request).backends
-    routing = _routing(backends)
+    routing, scaling = _routing(backends), await _scaling(backends)
     for model_id, replicas in (await _every_replica(backends)).items():
         answered = [s for s in replicas.values() if s is not None]
         model = asdict(combined(answered)) if answered else {"model": model_id, "ready": False, "healthy": False}
         out[model_id] = {**model, "replicas": {r: None if s is None else asdict(s) for r, s in replicas.items()}}
         if model_id in routing:
             out[model_id]["routing"] = routing[model_id].as_json()
+        if model_id in scaling:
+            out[model_id]["autoscaling"] = scaling[model_id].as_stats(time.time())
         # Requests in flight through this ingress, by tenant (app/tenancy.py; with several ingress replicas, each
         # counts its own).
         out[model_id]["tenants_in_flight"] = dict(state_of(request).capacity.held.get(model_id, {}))
@@ -81,8 +99,8 @@ async def prometheus_metrics(request: Request) -> Response:
     # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
     migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
-    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends)),
-                    media_type=METRICS_CONTENT_TYPE)
+    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends),
+                                         await _scaling(state.backends)), media_type=METRICS_CONTENT_TYPE)
 
 
 async def _ready(backend: Backend) -> bool:

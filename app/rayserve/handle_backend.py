@@ -51,6 +51,7 @@ from app.host.stats import ReplicaStats
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
+from app.rayserve.scaling_view import ScalingView
 from app.rayserve.unmet_demand import UnmetDemand
 from app.routing.decision import Decision
 from app.routing.model_routing import ModelRouting
@@ -76,6 +77,7 @@ class HandleBackend:
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
         self.migrated: Counter[str] = Counter()  # choices resumed elsewhere mid-answer, and requests that could not be
         self.unmet = UnmetDemand(handle)
+        self.scaling = ScalingView(handle)  # the autoscaling policy's last decision (/stats, Retry-After)
 
     async def generate(self, request: GenerateRequest, client: ClientReading | None = None
                        ) -> AsyncGenerator[Any, None]:
@@ -150,7 +152,7 @@ class HandleBackend:
         decision = self.routing.decide(self._loads(), prompt_ids, request, frozenset(avoid), request.session_id)
         if decision is not None and decision.refusal is not None:
             self.unmet.refused(request)  # demand for the autoscaling policy, which sees the replicas' figures only
-            raise decision.refusal
+            raise self.scaling.refusal(decision.refusal)
         return decision
 
     def _loads(self) -> dict[str, ReplicaLoad]:

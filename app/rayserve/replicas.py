@@ -13,10 +13,12 @@ every process it started.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
+import psutil
 import ray
 from fastapi import FastAPI
 from ray import serve
@@ -151,6 +153,8 @@ class EngineReplica:
         # meanwhile (it reports serving: False).
         self.host = EngineHost(model, make_engine(model), service, engine_factory=lambda: make_engine(model))
         self._replica_id = _this_replica_id()
+        # From this process's start to serving: what the autoscaling policy expects of the next replica it asks for.
+        self._start_s = time.time() - psutil.Process().create_time()
 
     async def generate_remote(self, request: GenerateRequest, avoid: tuple[str, ...] = (),
                               prefer: tuple[str, ...] = ()) -> AsyncGenerator[Any, None]:
@@ -197,7 +201,7 @@ class EngineReplica:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's autoscaling hook, read by the policy (scaling/serve_policy.py) when the deployment autoscales."""
-        return self.host.autoscaling_stats()
+        return {**self.host.autoscaling_stats(), "start_s": self._start_s}
 
     def refused_at_ingress(self, max_steps: int) -> None:
         """Decode steps the ingress refused by time on the deployment's behalf (rayserve/unmet_demand.py)."""

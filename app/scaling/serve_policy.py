@@ -4,18 +4,29 @@ averaged by Serve over the look-back window, into scaling/policy.py's answer. Se
 the deployment's `autoscaling_config` to it.
 
 Serve 2.60 gives a policy its own deployment's figures only; the ingress's refusals at once (app/routing/) reach it
-because the ingress reports them to an engine replica about once a second (rayserve/handle_backend.py), which
-counts them as refused demand.
+because the ingress reports them to an engine replica about once a second (rayserve/unmet_demand.py), which
+counts them as refused demand. The other way, the policy publishes each decision with its inputs
+(scaling/decision.py) in Ray's internal key-value store, at most once a second, for the ingress's /stats, /metrics
+and the Retry-After of refusals while a replica starts (rayserve/scaling_view.py).
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
 from typing import Any
 
+from ray.experimental import internal_kv
 from ray.serve.config import AutoscalingContext
 
 from app.config.autoscaling import AutoscalingSettings
+from app.scaling.decision import KV_NAMESPACE, ScalingDecision, kv_key
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
+
+log = logging.getLogger(__name__)
+PUBLISH_EVERY_S = 1.0
+STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when the target rose above those running
 
 # Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
 # load shows there at once, where the look-back average lags it by half its window.
@@ -41,11 +52,43 @@ class TokenDemandPolicy:
     def __init__(self, min_replicas: int, max_replicas: int, target_utilization: float,
                  ttft_target_s: float | None):
         self.knobs = Knobs(min_replicas, max_replicas, target_utilization, ttft_target_s)
+        self._published_at = 0.0
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
         stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
-        return desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent), ctx.policy_state
+        desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent)
+        state, now = ctx.policy_state, time.time()
+        if ctx.target_num_replicas > ctx.current_num_replicas:
+            state.setdefault(STARTING_SINCE, now)
+        else:
+            state.pop(STARTING_SINCE, None)
+        if now - self._published_at >= PUBLISH_EVERY_S:
+            self._published_at = now
+            _publish(ctx, _decision(ctx, desired, stable, now))
+        return desired, state
+
+
+def _decision(ctx: AutoscalingContext, desired: int, stable: list[ReplicaFigures], now: float) -> ScalingDecision:
+    capacities = [r.capacity for r in stable if r.capacity]
+    waits = [r.wait_s for r in stable if r.wait_s is not None]
+    starts = [v for v in ((ctx.aggregated_metrics or {}).get("start_s") or {}).values() if v]
+    return ScalingDecision(
+        desired=desired, target=ctx.target_num_replicas, running=ctx.current_num_replicas,
+        served=sum(r.served for r in stable), refused=sum(r.refused for r in stable),
+        capacity=statistics.median(capacities) if capacities else None, wait_s=min(waits) if waits else None,
+        start_s=statistics.median(starts) if starts else None, decided_at=now,
+        starting_since=ctx.policy_state.get(STARTING_SINCE))
+
+
+def _publish(ctx: AutoscalingContext, decision: ScalingDecision) -> None:
+    if not internal_kv._internal_kv_initialized():  # outside a Ray cluster (the simulation, unit tests)
+        return
+    try:
+        internal_kv._internal_kv_put(kv_key(ctx.app_name or "", ctx.deployment_name), decision.to_json(),
+                                     overwrite=True, namespace=KV_NAMESPACE)
+    except Exception as err:  # a lost figure for /stats, nothing more
+        log.debug("could not publish the scaling decision: %s", err)
 
 
 def _figures(running: list[Any], metrics: dict[str, dict[Any, float]]) -> list[ReplicaFigures]:

@@ -183,6 +183,76 @@ def test_app_serve_with_ray_address_deploys_onto_the_cluster_with_the_shell_s_ke
         stop_service(svc)  # Ctrl-C: the CLI shuts Serve down on the cluster, which the manifest's deploy restarts
 
 
+def test_the_default_config_scales_to_a_second_replica_under_load_and_back_failing_nothing(cluster: LocalCluster,
+                                                                                            tmp_path: Path):
+    """configs/cpu.yaml's autoscaling (1-2 engine replicas, the service's policy on the token demand), deployed onto
+    the cluster with `python -m app serve` and RAY_ADDRESS, on fake engines that make at most 16 streams of 12.5
+    tokens/s each, and Serve's delays cut to seconds: a load past one replica's capacity brings a second replica
+    on the other worker node; when it drops, long streams still in flight, the policy takes one away, and no
+    request fails and no stream breaks (what the stopped replica had not finished within its grace continues on
+    the other). docs/autoscaling.md has the same on the real engine."""
+    config = base_config(free_port(), short_clocks=False)
+    model = config["models"][0]
+    assert model["deployment"]["autoscaling"] == {"min_replicas": 1, "max_replicas": 2}  # the default config's
+    config["service"].update({"api_keys": [KEY], "drain_grace_s": DRAIN_GRACE_S})
+    model["engine_kind"] = "fake"
+    model["engine"]["fake_token_delay_s"] = 0.08
+    model["deployment"].update({"max_ongoing_requests": 16, "max_queued_requests": 32})  # 20 clients: none refused
+    # A look-back of two reports (Serve's replicas report every 10 s): with 11 s, ticks that saw no report reset
+    # Serve's delay, and 2 -> 1 took 97 s.
+    model["deployment"]["autoscaling"].update({"upscale_delay_s": 0, "downscale_delay_s": 5, "look_back_s": 21})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),
+                          "--startup-timeout", str(STARTUP_TIMEOUT_S)],
+                         cwd=REPO, env=cluster.env(), log_path=tmp_path / "service.log")
+    svc = Service(f"http://127.0.0.1:{config['service']['port']}", group)
+    resumed = len(cluster.worker_lines(RESUMED))
+    try:
+        assert svc.wait_healthy(STARTUP_TIMEOUT_S), group.log_tail(4000)
+        cluster.wait_replicas(APP, DEPLOYMENT, running=1, timeout_s=START_S)
+        streams: list[LongStream] = []
+        with SteadyLoad(svc.base_url, KEY, MODEL, plain=12, streaming=8, max_tokens=LONGER) as load:
+            load.wait_served(10, what="the load served by one replica")
+            stepped = time.monotonic()
+            cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
+            up_s = time.monotonic() - stepped
+            nodes = {r.node for r in cluster.replicas(DEPLOYMENT)}
+            load.wait_served(10, what="the load served by two replicas")
+            # 80 s each: still under way when the policy takes a replica away, so those on the replica it stops
+            # continue on the other.
+            streams = [LongStream(svc.base_url, KEY, MODEL, **{**LONG, "max_tokens": 1000,
+                                                                "extra_body": {"ignore_eos": True}})
+                       for _ in range(4)]
+            for s in streams:
+                s.start()
+            wait_until(lambda: all(s.chunks for s in streams), timeout_s=120, what="every long stream under way")
+        dropped = time.monotonic()
+        cluster.wait_replicas(APP, DEPLOYMENT, running=1, timeout_s=START_S)
+        down_s = time.monotonic() - dropped
+        for s in streams:
+            s.join(timeout=300)
+        print(f"autoscaling 1 -> 2 in {up_s:.0f} s after the load, 2 -> 1 {down_s:.0f} s after it dropped; "
+              f"{load.summary(stepped)}; continuations logged: {_resumed_since(cluster, resumed)}")
+        assert len(nodes) == 2 and all(n.startswith("worker-") for n in nodes), nodes  # one per worker node
+        assert not load.failures(), load.summary()
+        assert all(s.whole() is None for s in streams), [s.whole() for s in streams]
+        # Operators see the policy's decision and its inputs.
+        scaling = wait_until(lambda: _autoscaling_stats(svc.base_url, running=1), timeout_s=60,
+                             what="/stats showing the policy's decision at one replica")
+        assert scaling["desired"] == 1 and scaling["capacity"] > 0 and scaling["start_s"] > 0, scaling
+        metrics = httpx.get(f"{svc.base_url}/metrics", timeout=30).text
+        assert f'app_autoscaling_replicas{{kind="running",model_name="{MODEL}"}} 1.0' in metrics
+    finally:
+        stop_service(svc)
+
+
+def _autoscaling_stats(base_url: str, running: int) -> dict | None:
+    stats = httpx.get(f"{base_url}/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    scaling = stats[MODEL].get("autoscaling")
+    return scaling if scaling and scaling["running"] == running else None
+
+
 def test_the_kuberay_manifest_runs_two_replicas_on_two_nodes(two_replicas: Deployment):
     replicas = two_replicas.cluster.replicas(DEPLOYMENT)
     assert sorted(r.node for r in replicas) == ["worker-1", "worker-2"], replicas  # one per node, none on the head

@@ -4,18 +4,25 @@ Serve is handed (scaling/serve_policy.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from ray.serve._private.common import TimeStampedValue
 
+from app.config.app_config import load_config
 from app.config.common import ConfigError
 from app.engine.fake import FakeEngine
 from app.errors import OverTimeTarget
 from app.host.demand import DemandMeter, effective_capacity
 from app.host.engine_host import EngineHost
+from app.http.metrics import Metrics
 from app.rayserve.builder import build_from_config, colocated
+from app.rayserve.scaling_view import ScalingView
+from app.scaling.decision import ScalingDecision
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
-from app.scaling.serve_policy import TokenDemandPolicy
+from app.scaling.serve_policy import STARTING_SINCE, TokenDemandPolicy, _decision
 from tests.support.fake_stack import make_config, make_request
+from tests.support.service import REPO
 from tests.unit.test_builder import _engine_behind_the_ingress
 
 KNOBS = Knobs(min_replicas=1, max_replicas=4, target_utilization=0.8, ttft_target_s=10.0)
@@ -59,15 +66,17 @@ def test_the_demand_meter_counts_tokens_per_second_over_its_window():
 
 
 async def test_a_replica_reports_what_it_served_what_it_refused_by_time_and_its_capacity_once_measured():
-    config = make_config(deployment={"max_ongoing_requests": 1, "ttft_target_s": 0.05})
+    config = make_config(deployment={"max_ongoing_requests": 1, "ttft_target_s": 0.5})
     host = EngineHost(config.models[0], FakeEngine(token_delay_s=0.02), config.service)
     assert set(host.autoscaling_stats()) == {"served", "refused", "in_system"}  # nothing measured: no capacity
     for i in range(5):
         [_ async for _ in host.generate(make_request(f"q{i}", max_tokens=8))]
     figures = host.autoscaling_stats()
     assert figures["served"] == pytest.approx(5 * 8 / 10) and figures["capacity"] > 0 and "wait_s" in figures
-    stream = host.generate(make_request("long", max_tokens=60))
-    await anext(stream)  # running: a newcomer would now wait past the 0.05 s target
+    stream = host.generate(make_request("long", max_tokens=200))
+    # Running for 4 s more: a newcomer would wait past the 0.5 s target, though alone it would make it (a target
+    # tighter than a first token alone, 0.05 s, made a loaded machine's refusal "never in time": not demand).
+    await anext(stream)
     with pytest.raises(OverTimeTarget):
         [_ async for _ in host.generate(make_request("late", max_tokens=60))]
     assert host.autoscaling_stats()["refused"] > 0  # its would-be output counted as demand
@@ -108,8 +117,10 @@ def test_nothing_measured_keeps_the_count_and_the_bounds_hold():
 
 
 class _Context:
-    def __init__(self, current: int, metrics: dict, raw: dict | None = None):
+    def __init__(self, current: int, metrics: dict, raw: dict | None = None, target: int | None = None):
         self.current_num_replicas = current
+        self.target_num_replicas = current if target is None else target
+        self.app_name, self.deployment_name = "llm", "engine-x"
         self.running_replicas = list(next(iter(metrics.values())).keys()) if metrics else []
         self.aggregated_metrics = metrics
         self.raw_metrics = raw or {}
@@ -144,3 +155,63 @@ def test_capacity_counts_the_engine_time_prefill_takes():
     meter.served(1, now=1.0, prompt_tokens=300)
     meter.served(99, now=2.0)
     assert meter.prompt_per_output(now=3.0) == pytest.approx(3.0)
+
+
+def test_the_default_config_autoscales_on_a_cluster_and_runs_one_colocated_replica_on_one_machine():
+    config = load_config(REPO / "configs" / "cpu.yaml")
+    scaling = config.models[0].deployment.autoscaling
+    assert scaling is not None and (scaling.min_replicas, scaling.max_replicas) == (1, 2)
+    assert not colocated(config)  # on a cluster: the ingress tier, which routes among the replicas
+    one, notes = config.on_one_machine()
+    assert one.models[0].deployment.autoscaling is None and one.models[0].deployment.num_replicas == 1
+    assert colocated(one) and len(notes) == 1 and "needs a cluster" in notes[0]
+    gpu = make_config(deployment={"num_gpus": 1, "autoscaling": {"min_replicas": 1, "max_replicas": 2}})
+    assert gpu.on_one_machine() == (gpu, [])  # another GPU of the machine is capacity
+
+
+def test_the_policy_notes_when_a_scale_up_began_and_publishes_its_decision_with_its_inputs():
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    busy = {"served": {"a": 75.0}, "refused": {"a": 40.0}, "capacity": {"a": 100.0}, "wait_s": {"a": 11.0},
+            "start_s": {"a": 30.0}}
+    ctx = _Context(1, busy, target=2)
+    _, state = policy(ctx)  # type: ignore[arg-type]
+    since = state[STARTING_SINCE]
+    _, state = policy(ctx)  # type: ignore[arg-type]  # Serve hands the state back each tick
+    assert state[STARTING_SINCE] == since  # the start of the scale-up, not of this tick
+    figures = [ReplicaFigures(75.0, 40.0, 100.0, 11.0)]
+    decision = _decision(ctx, 2, figures, since + 10)  # type: ignore[arg-type]
+    assert (decision.desired, decision.target, decision.running, decision.start_s) == (2, 2, 1, 30.0)
+    assert decision.ready_in_s(since + 10) == pytest.approx(20.0)
+    assert ScalingDecision.from_json(decision.to_json()) == decision
+    ctx.current_num_replicas = 2
+    _, state = policy(ctx)  # type: ignore[arg-type]
+    assert STARTING_SINCE not in state  # it runs: nothing starting
+
+
+def test_a_refusal_while_a_replica_starts_says_when_it_is_expected():
+    now = time.time()
+    starting = ScalingDecision(desired=2, target=2, running=1, served=300.0, refused=200.0, capacity=320.0,
+                               wait_s=12.0, start_s=40.0, decided_at=now, starting_since=now - 10)
+    assert starting.retry_after_s(3.0, now) == 30  # the replica, 30 s away
+    assert starting.retry_after_s(45.0, now) == 45  # the queue's own wait, when longer
+    steady = ScalingDecision(desired=1, target=1, running=1, served=300.0, refused=0.0, capacity=320.0,
+                             wait_s=1.0, start_s=40.0, decided_at=now)
+    assert steady.ready_in_s(now) is None and steady.retry_after_s(3.0, now) == 3.0
+    view = ScalingView(handle=None)  # type: ignore[arg-type]
+    view._latest, view._read_at = starting, float("inf")  # as if just read
+    refused = view.refusal(OverTimeTarget("Server is busy", retry_after_s=3))
+    assert refused.retry_after_s == 30 and "expected to serve in about 30 s" in refused.message
+    view._latest = steady
+    assert view.refusal(OverTimeTarget("Server is busy", retry_after_s=3)).retry_after_s == 3
+
+
+def test_metrics_carry_the_policy_s_decision():
+    now = time.time()
+    decision = ScalingDecision(desired=2, target=2, running=1, served=300.0, refused=200.0, capacity=320.0,
+                               wait_s=12.0, start_s=40.0, decided_at=now, starting_since=now - 10)
+    text = Metrics().render({}, scaling={"m": decision}).decode()
+    assert 'app_autoscaling_replicas{kind="desired",model_name="m"} 2.0' in text
+    assert 'app_autoscaling_demand_tokens_per_second{kind="refused",model_name="m"} 200.0' in text
+    assert 'app_autoscaling_replica_capacity_tokens_per_second{model_name="m"} 320.0' in text
+    ready = next(ln for ln in text.splitlines() if ln.startswith("app_autoscaling_replica_ready_in_seconds{"))
+    assert 29 <= float(ready.rsplit(" ", 1)[1]) <= 30

@@ -241,11 +241,23 @@ def _engine_deployments(config: AppConfig, built: BuiltApplication) -> dict[str,
 
 
 def _max_replicas(app_schema, deployment) -> int:
-    """The most replicas a deployment may run: autoscaling's max_replicas where the config sets it."""
+    """The most replicas a deployment may run: autoscaling's max_replicas where the Serve config's override or the
+    service's config (`deployment.autoscaling`) sets it."""
     for override in app_schema.model_dump(exclude_unset=True).get("deployments", []):
         if override["name"] == deployment.name and override.get("autoscaling_config"):
             return override["autoscaling_config"]["max_replicas"]
-    return deployment.num_replicas
+        if override["name"] == deployment.name and override.get("num_replicas"):
+            return override["num_replicas"]
+    scaling = deployment._deployment_config.autoscaling_config
+    return scaling.max_replicas if scaling is not None else deployment.num_replicas
+
+
+def _replica_count_aside(config: AppConfig) -> AppConfig:
+    """`config` with every model's replica count (num_replicas, autoscaling) at its default."""
+    def aside(m):
+        return m.model_copy(update={"deployment": m.deployment.model_copy(update={"num_replicas": 1,
+                                                                                   "autoscaling": None})})
+    return config.model_copy(update={"models": tuple(aside(m) for m in config.models)})
 
 
 # -- RayService manifests ------------------------------------------------------------------
@@ -272,11 +284,13 @@ def test_manifest_serve_config_builds(path):
         config, built = build_application(app_schema)
         assert path.name in INLINE_CONFIG_SOURCE, f"say which configs/*.yaml {path.name} copies in INLINE_CONFIG_SOURCE"
         source = CONFIGS / INLINE_CONFIG_SOURCE[path.name]
-        # The one intended difference: on a cluster the ingress tier holds the connections (retries across replicas).
+        # The intended differences: on a cluster the ingress tier holds the connections (retries across replicas),
+        # and each manifest chooses its replica count (fixed, or autoscaling bounds).
         local = load_config(source)
         expected = local.model_copy(update={"service": local.service.model_copy(update={"colocate_ingress": False})})
-        assert config == expected, \
-            f"{path.name}: the inline config drifted from {source.name}; make them equal again (but colocate_ingress)"
+        assert _replica_count_aside(config) == _replica_count_aside(expected), \
+            f"{path.name}: the inline config drifted from {source.name}; make them equal again (but colocate_ingress " \
+            "and the replica count)"
         assert not colocated(config)
         # Every engine replica (and the ingress) fits in some pod, and the groups' upper bounds hold the most
         # replicas asked for.
@@ -427,8 +441,8 @@ def test_unknown_serve_config_key_fails():
     with pytest.raises(AssertionError, match="route_prefx"):
         parse_serve_config(data)
     data = _serve_config("rayservice-gpu.yaml")
-    data["applications"][0]["deployments"][0]["autoscaling_config"]["max_replica"] = 8
-    with pytest.raises(AssertionError, match="max_replica"):
+    data["applications"][0]["deployments"][0]["max_surge_percnt"] = 25
+    with pytest.raises(AssertionError, match="max_surge_percnt"):
         parse_serve_config(data)
 
 
@@ -441,7 +455,8 @@ def test_override_of_a_missing_deployment_fails():
 
 def test_override_that_serve_rejects_fails():
     data = _serve_config("rayservice-gpu.yaml")
-    data["applications"][0]["deployments"][0]["num_replicas"] = 2  # with autoscaling_config: Serve refuses it
+    data["applications"][0]["deployments"][0].update(  # both: Serve refuses it
+        num_replicas=2, autoscaling_config={"min_replicas": 1, "max_replicas": 2})
     with pytest.raises(Exception, match="num_replicas"):
         parse_serve_config(data)
 
@@ -589,3 +604,15 @@ def test_a_rolling_update_starts_new_replicas_before_it_stops_old_ones_and_they_
         options = ingress.ray_actor_options
         options = options if isinstance(options, dict) else options.dict(exclude_unset=True)
         assert 2 * ingress.num_replicas * options["resources"][INGRESS_RESOURCE] <= offered[INGRESS_RESOURCE]
+
+
+def test_the_gpu_manifest_scales_engines_with_the_service_s_policy_within_its_pods():
+    app_schema = parse_serve_config(_serve_config("rayservice-gpu.yaml")).applications[0]
+    config, built = build_application(app_schema)
+    (engine,) = _engine_deployments(config, built).values()
+    scaling = engine._deployment_config.autoscaling_config
+    assert scaling.policy.policy_function == "app.scaling.serve_policy:TokenDemandPolicy"
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.downscale_delay_s) == (1, 4, 600)
+    gpu_group = next(g for g in _load(MANIFESTS[0].parent / "rayservice-gpu.yaml")["spec"]["rayClusterConfig"][
+        "workerGroupSpecs"])
+    assert gpu_group["maxReplicas"] >= scaling.max_replicas + 1  # and the rolling update's surge

@@ -1,0 +1,44 @@
+"""`python -m loadkit autoscaling`'s figures, from records: time to the second replica, the refusals meanwhile and
+their Retry-After, first tokens within the target, the scale-down and what broke through it."""
+
+from __future__ import annotations
+
+from loadkit.autoscaling import Run, report
+from loadkit.record import Attempt, Record
+
+
+def _rec(kind: str, start: float, outcome: str = "ok", status: int | None = 200, ttft: float | None = 1.0,
+         retry_after: str | None = None) -> Record:
+    rec = Record(start=start, end=start + 5, outcome=outcome, status=status, kind=kind, ttft=ttft)
+    rec.attempts = [Attempt(status, 0.1, retry_after=retry_after)]
+    return rec
+
+
+def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
+    run = Run(capacity=300.0, stepped=100.0, second_at=160.0, dropped=400.0, back_at=550.0)
+    run.records = [
+        _rec("light", 50.0),
+        _rec("step", 110.0),  # in time, before the second replica
+        _rec("step", 120.0, ttft=14.0),  # answered, late
+        _rec("step", 130.0, "refused", 429, None, "25"),
+        _rec("step", 140.0, "refused", 429, None, "15"),
+        _rec("step", 200.0),  # after the second replica came
+        _rec("long", 401.0),
+        _rec("long", 402.0, "failed", 200, 1.0),  # a broken stream
+        _rec("after", 450.0, "timed_out", None, None),
+    ]
+    text = report(run, ["facts"])
+    assert "| from the step to the second replica serving | 60 s |" in text
+    assert "| requests of the step before it served | 4: 2 answered, 2 refused with 429, 0 other |" in text
+    assert "| their Retry-After (min / median / max) | 15 / 20 / 25 s (2 of 2 refusals carried one) |" in text
+    assert "| step requests with a first token within 10 s | 2 of 5 (40%) |" in text
+    assert "| from the drop to one replica | 150 s |" in text
+    assert "| requests after the drop: failed or timed out | 2 of 3 |" in text
+    assert "| long streams (1000 tokens) broken | 1 of 2 |" in text
+
+
+def test_a_replica_that_never_came_says_so():
+    run = Run(capacity=300.0, stepped=100.0, dropped=400.0)
+    text = report(run, [])
+    assert "| from the step to the second replica serving | never |" in text
+    assert "| from the drop to one replica | never |" in text

@@ -98,9 +98,9 @@ async def drive(base: str, key: str, cluster: LocalCluster, o: argparse.Namespac
         task.add_done_callback(tasks.discard)
 
     watcher = asyncio.create_task(_watch(run, cluster, base, key, stop))
-    say("light load until one replica reports its capacity")
+    say("a request a second until one replica has served 40 and reports its capacity (prefill counted)")
     warm_until = time.monotonic() + 300
-    while not run.capacity and time.monotonic() < warm_until:
+    while (not run.capacity or sum(r.outcome == "ok" for r in run.records) < 40) and time.monotonic() < warm_until:
         await _arrivals(run, 1.0, time.monotonic() + 10, "light", send_one, rng)
     if not run.capacity:
         raise RuntimeError("no replica reported its capacity (/stats autoscaling.capacity) within 300 s")
@@ -191,6 +191,9 @@ def main(argv: list[str]) -> int:
         wait_until(lambda: cluster.replica_states(APP_NAME, ENGINE_DEPLOYMENT) == {"RUNNING": 1}, timeout_s=300,
                    interval_s=2, what="one engine replica running")
         run = asyncio.run(drive(f"http://127.0.0.1:{port}", key, cluster, o))
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 1
     finally:
         if server is not None:
             server.stop()

@@ -57,6 +57,7 @@ class SimReplica:
         self.queue: deque[Job] = deque()
         self.running: list[Job] = []
         self.meter = DemandMeter()
+        self._mix = [0.0, 0.0]  # prompt and output tokens of the requests it finished (the replica's pace keeps them)
 
     def serving(self, now: float) -> bool:
         return now >= self.ready_at and self.stopping_since is None
@@ -85,7 +86,7 @@ class SimReplica:
                 spent += used
                 if prefilling.prefill_left_s <= 1e-12 and prefilling.first_token is None:
                     prefilling.first_token, prefilling.left = now + spent, prefilling.left - 1
-                    self.meter.served(1, now, prefilling.prompt)
+                    self.meter.served(1, now)
                     if prefilling.left <= 1e-9:
                         prefilling.done_at = now + spent
                         self.running.remove(prefilling)
@@ -101,6 +102,8 @@ class SimReplica:
             self.meter.served(steps * len(self.running), now)
             for job in [j for j in self.running if j.left <= 1e-9]:
                 job.done_at = now + spent
+                self._mix[0] += job.prompt
+                self._mix[1] += job.output
                 self.running.remove(job)
                 done.append(job)
         return done
@@ -124,7 +127,7 @@ class SimReplica:
         served, refused = self.meter.rates(now)
         busy = bool(self.running or self.queue)
         capacity = effective_capacity(self.cost.capacity(), self.cost.prefill_s_per_token,
-                                      self.meter.prompt_per_output(now))
+                                      self._mix[0] / self._mix[1] if self._mix[1] else 0.0)
         return {"served": served, "refused": refused, "capacity": capacity,
                 "wait_s": self.first_token_s(0) if busy else 0.0, "ongoing": float(self.ongoing),
                 "waiting": float(len(self.queue)), "output_share": output_share}

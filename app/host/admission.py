@@ -179,7 +179,7 @@ class Admission:
             else:
                 self.pace.decoded(len(self._slots), steps, now - ticket.last_output)
         ticket.steps += steps
-        self.demand.served(steps, now, 0 if ticket.last_output else ticket.prompt_tokens)
+        self.demand.served(steps, now)
         ticket.last_output, ticket.resuming = now, False
         self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
 
@@ -237,7 +237,7 @@ class Admission:
             self._slots.give_back(ticket)
             self._mean_run_s = 0.9 * self._mean_run_s + 0.1 * (time.monotonic() - ticket.started)
             if self.pace is not None and ticket.last_output and completed:
-                self.pace.finished(ticket.steps, ticket.max_steps)
+                self.pace.finished(ticket.steps, ticket.max_steps, ticket.prompt_tokens)
         elif ticket.state == _WAITING:
             self._waiting.remove(ticket)
         self._aside -= ticket.state == _ASIDE  # an aside one's place was given back when it stepped aside

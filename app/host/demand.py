@@ -3,9 +3,9 @@ sliding window: what the autoscaling policy (scaling/serve_policy.py) adds up as
 time counts as the output it would have had (`max_tokens` x n, times the share of `max_tokens` requests really use):
 demand a count-based policy never sees, since such a request never waits in a queue.
 
-It also counts the prompt tokens the replica prefilled, so that `capacity` is what the replica makes for the mix it
-serves: a decode-only figure overstated it by a third when prefill took a third of the engine's time (the
-simulation's step trace, docs/autoscaling.md), and the policy then scaled up twice where once would do.
+`effective_capacity` is what a replica makes for the mix it serves: a decode-only figure overstated it by a third when
+prefill took a third of the engine's time (the simulation's step trace, docs/autoscaling.md), and the policy then
+scaled up twice where once would do.
 """
 
 from __future__ import annotations
@@ -29,22 +29,19 @@ def effective_capacity(decode_capacity: float, prefill_s_per_token: float | None
 class DemandMeter:
     def __init__(self, window_s: float = WINDOW_S):
         self.window_s = window_s
-        # [second, served tokens, refused tokens, prefilled prompt tokens], oldest first
+        # [second, served tokens, refused tokens], oldest first
         self._seconds: deque[list[float]] = deque()
 
     def _bucket(self, now: float) -> list[float]:
         second = float(int(now))
         if not self._seconds or self._seconds[-1][0] != second:
-            self._seconds.append([second, 0.0, 0.0, 0.0])
+            self._seconds.append([second, 0.0, 0.0])
         while self._seconds and self._seconds[0][0] <= now - self.window_s:
             self._seconds.popleft()
         return self._seconds[-1]
 
-    def served(self, tokens: float, now: float | None = None, prompt_tokens: float = 0.0) -> None:
-        """`tokens` output tokens made; `prompt_tokens` prefilled for them (a request's prompt, with its first)."""
-        bucket = self._bucket(time.monotonic() if now is None else now)
-        bucket[1] += tokens
-        bucket[3] += prompt_tokens
+    def served(self, tokens: float, now: float | None = None) -> None:
+        self._bucket(time.monotonic() if now is None else now)[1] += tokens
 
     def refused(self, tokens: float, now: float | None = None) -> None:
         self._bucket(time.monotonic() if now is None else now)[2] += tokens
@@ -54,10 +51,3 @@ class DemandMeter:
         now = time.monotonic() if now is None else now
         recent = [b for b in self._seconds if b[0] > now - self.window_s]
         return sum(b[1] for b in recent) / self.window_s, sum(b[2] for b in recent) / self.window_s
-
-    def prompt_per_output(self, now: float | None = None) -> float:
-        """Prompt tokens prefilled per output token served over the window (0 when nothing was served)."""
-        now = time.monotonic() if now is None else now
-        recent = [b for b in self._seconds if b[0] > now - self.window_s]
-        served = sum(b[1] for b in recent)
-        return sum(b[3] for b in recent) / served if served > 0 else 0.0

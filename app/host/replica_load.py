@@ -58,7 +58,7 @@ def scaling_figures(a: Admission) -> dict[str, float]:
     figures = {"served": served, "refused": refused, "in_system": float(a.stats().in_system)}
     decode = a.pace.output_tokens_per_s(a.max_running) if a.pace is not None else None
     capacity = None if decode is None or a.pace is None else effective_capacity(
-        decode, a.pace.prefill_s_per_token(), a.demand.prompt_per_output())
+        decode, a.pace.prefill_s_per_token(), a.pace.prompt_per_output() or 0.0)
     wait = a.predicted_wait_s()
     figures.update({k: v for k, v in (("capacity", capacity), ("wait_s", wait)) if v is not None})
     return figures

@@ -15,6 +15,7 @@ from app.engine.fake import FakeEngine
 from app.errors import OverTimeTarget
 from app.host.demand import DemandMeter, effective_capacity
 from app.host.engine_host import EngineHost
+from app.host.pace import SETTLED, EnginePace
 from app.http.metrics import Metrics
 from app.rayserve.builder import build_from_config, colocated
 from app.rayserve.scaling_view import ScalingView
@@ -151,10 +152,12 @@ def test_capacity_counts_the_engine_time_prefill_takes():
     assert effective_capacity(500.0, 3e-4, 0.0) == 500.0
     # 1/500 s per output token plus 2 prompt tokens at 0.3 ms each: 1 / 0.0026
     assert effective_capacity(500.0, 3e-4, 2.0) == pytest.approx(384.6, abs=0.1)
-    meter = DemandMeter(window_s=10)
-    meter.served(1, now=1.0, prompt_tokens=300)
-    meter.served(99, now=2.0)
-    assert meter.prompt_per_output(now=3.0) == pytest.approx(3.0)
+    pace = EnginePace()
+    assert pace.prompt_per_output() is None  # nothing measured
+    for _ in range(SETTLED):
+        pace.first_token(300, 1, 0.1)
+        pace.finished(100, 100, prompt_tokens=300)
+    assert pace.prompt_per_output() == pytest.approx(3.0)
 
 
 def test_the_default_config_autoscales_on_a_cluster_and_runs_one_colocated_replica_on_one_machine():

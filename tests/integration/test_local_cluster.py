@@ -219,9 +219,9 @@ def test_the_default_config_scales_to_a_second_replica_under_load_and_back_faili
             up_s = time.monotonic() - stepped
             nodes = {r.node for r in cluster.replicas(DEPLOYMENT)}
             load.wait_served(10, what="the load served by two replicas")
-            # 80 s each: still under way when the policy takes a replica away, so those on the replica it stops
-            # continue on the other.
-            streams = [LongStream(svc.base_url, KEY, MODEL, **{**LONG, "max_tokens": 1000,
+            # 48 s each: still under way when the policy takes a replica away (29-30 s after the drop in two
+            # runs), so those on the replica it stops continue on the other.
+            streams = [LongStream(svc.base_url, KEY, MODEL, **{**LONG, "max_tokens": 600,
                                                                 "extra_body": {"ignore_eos": True}})
                        for _ in range(4)]
             for s in streams:

@@ -34,7 +34,7 @@ def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
     assert "| step requests with a first token within 10 s | 2 of 5 (40%) |" in text
     assert "| from the drop to one replica | 150 s |" in text
     assert "| requests after the drop: failed or timed out | 2 of 3 |" in text
-    assert "| long streams (1000 tokens) broken | 1 of 2 |" in text
+    assert "| long streams (400 tokens) broken | 1 of 2 |" in text
 
 
 def test_a_replica_that_never_came_says_so():

@@ -38,16 +38,12 @@ class SimFleet:
         refusal at once when even that one misses the target (never because of an idle replica). The refused
         request's output counts as unmet demand on that replica (the ingress reports it, app/rayserve)."""
         self.counts.offered += 1
-        serving = [r for r in self.replicas if r.serving(now)]
-        if not serving:
-            job.refused = True
+        predicted = [(r.first_token_s(job.prompt), i, r) for i, r in enumerate(self.replicas) if r.serving(now)]
+        first_s, _, best = min(predicted, default=(0.0, 0, None))
+        if best is None or (best.ongoing and first_s > self.ttft_target_s):
             self.counts.refused += 1
-            return
-        best = min(serving, key=lambda r: r.first_token_s(job.prompt))
-        if best.ongoing and best.first_token_s(job.prompt) > self.ttft_target_s:
-            job.refused = True
-            self.counts.refused += 1
-            best.meter.refused(job.max_tokens * self.output_share, now)
+            if best is not None:
+                best.meter.refused(job.max_tokens * self.output_share, now)
             return
         best.queue.append(job)
 

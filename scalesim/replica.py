@@ -42,7 +42,6 @@ class Job:
     left: float = 0.0  # output tokens still to make
     first_token: float | None = None
     done_at: float | None = None
-    refused: bool = False
 
     @property
     def ttft(self) -> float | None:

@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-from app.http.scaling_metrics import ScalingCollector
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from app.host.stats import ReplicaStats
     from app.routing.figures import FleetFigures, ReplicaRouting
-    from app.scaling.decision import ScalingDecision
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -90,20 +88,19 @@ class Metrics:
     def render(self, replica_stats: Mapping[str, Mapping[str, ReplicaStats | None]],
                retried: Mapping[str, Mapping[str, int]] | None = None,
                migrated: Mapping[str, Mapping[str, int]] | None = None,
-               routing: Mapping[str, FleetFigures] | None = None,
-               scaling: Mapping[str, ScalingDecision] | None = None) -> bytes:
+               routing: Mapping[str, FleetFigures] | None = None, extra: Iterable[Collector] = ()) -> bytes:
         """`replica_stats`: per model, every replica's figures by its id (None: it did not answer; it is reported
         down), each series labelled with its `replica` (sum by model_name for the model's figure).
         `retried`: per model, requests the ingress tried again on another replica, by the first refusal's reason
         (`HandleBackend.retried`); `migrated`: per model, choices resumed on another replica after
         their replica failed mid-answer, and requests that could not be (`HandleBackend.migrated`); `routing`: per
-        fleet-routed model, its router's figures (app/routing/); `scaling`: per autoscaled model, the policy's last
-        decision (app/scaling/decision.py)."""
+        fleet-routed model, its router's figures (app/routing/); `extra`: more collectors (the autoscaling policy's
+        decisions, http/scaling_metrics.py)."""
         return (generate_latest(self.registry) + generate_latest(_Snapshot(replica_stats, retried, migrated))
-                + generate_latest(_Routing(routing or {})) + generate_latest(ScalingCollector(scaling or {})))
+                + generate_latest(_Routing(routing or {})) + b"".join(generate_latest(c) for c in extra))
 
 
-def _or_nan(value: float | None) -> float:
+def or_nan(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
@@ -141,15 +138,15 @@ class _Snapshot:
             "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
             "app_prefill_tokens_per_second": (
                 "Prompt tokens the engine prefills per second, as the replica measured it (NaN: not yet).",
-                lambda s: _or_nan(s.pace.prefill_tokens_per_s),
+                lambda s: or_nan(s.pace.prefill_tokens_per_s),
             ),
             "app_decode_seconds_per_token": (
                 "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
-                lambda s: _or_nan(s.pace.decode_s_per_token),
+                lambda s: or_nan(s.pace.decode_s_per_token),
             ),
             "app_predicted_time_to_first_token_seconds": (
                 "The latest arrival's predicted time to its first token (NaN: not yet predicted).",
-                lambda s: _or_nan(s.admission.predicted_first_token_s),
+                lambda s: or_nan(s.admission.predicted_first_token_s),
             ),
         }
         counters: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.host.stats import ReplicaStats, combined
 from app.http.ingress_state import Backend, state_of
 from app.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from app.http.scaling_metrics import ScalingCollector
 from app.routing.figures import FleetFigures
 from app.scaling.decision import ScalingDecision
 
@@ -99,8 +100,9 @@ async def prometheus_metrics(request: Request) -> Response:
     # has none.
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
     migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
-    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends),
-                                         await _scaling(state.backends)), media_type=METRICS_CONTENT_TYPE)
+    scaling = ScalingCollector(await _scaling(state.backends))
+    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends), [scaling]),
+                    media_type=METRICS_CONTENT_TYPE)
 
 
 async def _ready(backend: Backend) -> bool:

@@ -3,17 +3,13 @@ what it decided on."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from app.http.metrics import or_nan
 from app.scaling.decision import ScalingDecision
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else float(value)
 
 
 class ScalingCollector:
@@ -39,6 +35,6 @@ class ScalingCollector:
                 replicas.add_metric([model, kind], value)
             demand.add_metric([model, "served"], d.served)
             demand.add_metric([model, "refused"], d.refused)
-            capacity.add_metric([model], _or_nan(d.capacity))
-            ready.add_metric([model], _or_nan(d.ready_in_s(now)))
+            capacity.add_metric([model], or_nan(d.capacity))
+            ready.add_metric([model], or_nan(d.ready_in_s(now)))
         yield from (replicas, demand, capacity, ready)

@@ -76,8 +76,12 @@ class HandleBackend:
         self._stream = handle.options(stream=True)
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
         self.migrated: Counter[str] = Counter()  # choices resumed elsewhere mid-answer, and requests that could not be
-        self.unmet = UnmetDemand(handle)
-        self.scaling = ScalingView(handle)  # the autoscaling policy's last decision (/stats, Retry-After)
+        # An autoscaled model's ingress tells the policy of the requests it refuses at once, and reads back its last
+        # decision (/stats, /metrics, the Retry-After while a replica starts); a fixed fleet needs neither.
+        self.unmet: UnmetDemand | None = None
+        self.scaling: ScalingView | None = None
+        if routing is not None and routing.model.deployment.autoscaling is not None:
+            self.unmet, self.scaling = UnmetDemand(handle), ScalingView(handle)
 
     async def generate(self, request: GenerateRequest, client: ClientReading | None = None
                        ) -> AsyncGenerator[Any, None]:
@@ -151,6 +155,8 @@ class HandleBackend:
             return None
         decision = self.routing.decide(self._loads(), prompt_ids, request, frozenset(avoid), request.session_id)
         if decision is not None and decision.refusal is not None:
+            if self.unmet is None or self.scaling is None:
+                raise decision.refusal
             self.unmet.refused(request)  # demand for the autoscaling policy, which sees the replicas' figures only
             raise self.scaling.refusal(decision.refusal)
         return decision

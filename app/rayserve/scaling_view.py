@@ -1,8 +1,8 @@
 """ScalingView: one engine deployment's last autoscaling decision (scaling/decision.py), as the policy published it in
 Ray's internal key-value store, read at the ingress: for /stats and /metrics (`current`, which reads it again when
 it is older than REFRESH_S), and for requests refused by time while a new replica starts (`refusal`, which never
-waits: it uses what was last read and asks for a fresh read in the background). Nothing is read for a deployment
-that does not autoscale until something asks."""
+waits: it uses what was last read and asks for a fresh read in the background). Only an autoscaled deployment's
+ingress has one (rayserve/handle_backend.py), and it reads nothing until something asks."""
 
 from __future__ import annotations
 

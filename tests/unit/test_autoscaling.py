@@ -17,6 +17,7 @@ from app.host.demand import DemandMeter, effective_capacity
 from app.host.engine_host import EngineHost
 from app.host.pace import SETTLED, EnginePace
 from app.http.metrics import Metrics
+from app.http.scaling_metrics import ScalingCollector
 from app.rayserve.builder import build_from_config, colocated
 from app.rayserve.scaling_view import ScalingView
 from app.scaling.decision import ScalingDecision
@@ -212,7 +213,7 @@ def test_metrics_carry_the_policy_s_decision():
     now = time.time()
     decision = ScalingDecision(desired=2, target=2, running=1, served=300.0, refused=200.0, capacity=320.0,
                                wait_s=12.0, start_s=40.0, decided_at=now, starting_since=now - 10)
-    text = Metrics().render({}, scaling={"m": decision}).decode()
+    text = Metrics().render({}, extra=[ScalingCollector({"m": decision})]).decode()
     assert 'app_autoscaling_replicas{kind="desired",model_name="m"} 2.0' in text
     assert 'app_autoscaling_demand_tokens_per_second{kind="refused",model_name="m"} 200.0' in text
     assert 'app_autoscaling_replica_capacity_tokens_per_second{model_name="m"} 320.0' in text

@@ -182,7 +182,9 @@ class FakeEngine(EngineWaits):
             first_step = _steps_done(prompt_token_ids)
             planned = replace(params, max_tokens=params.max_tokens + first_step,
                               min_tokens=params.min_tokens + first_step if params.min_tokens else 0)
-            plans = [answer_words(planned, i) for i in range(params.n)]
+            # Beams differ as samples do (each its own words), whatever the temperature.
+            plans = [answer_words(replace(planned, temperature=1.0) if params.beam_search else planned, i)
+                     for i in range(params.n)]
             stops = [StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens) for _ in plans]
             done = [False for _ in plans]
             step = first_step
@@ -205,9 +207,11 @@ class FakeEngine(EngineWaits):
                     logprobs = None
                     if params.logprobs is not None:
                         name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else token
-                        top = tuple((f"token_id:{VOCAB_SIZE - 1 - k}" if params.tokens_as_ids else f"alt{k}", -1.0 - k)
-                                    for k in range(params.logprobs))
-                        ranked = ((name, -0.5),) + top[: max(0, params.logprobs - 1)] if params.logprobs else ()
+                        ids = params.logprob_token_ids or range(VOCAB_SIZE - 1, VOCAB_SIZE - 1 - params.logprobs, -1)
+                        top = tuple((f"token_id:{t}" if params.tokens_as_ids else self.decode([t])
+                                     if params.logprob_token_ids else f"alt{k}", -1.0 - k) for k, t in enumerate(ids))
+                        shown = len(ids) if params.logprob_token_ids else max(0, params.logprobs - 1)
+                        ranked = ((name, -0.5),) + top[:shown] if params.logprobs else ()
                         logprobs = (TokenLogprob(token=name, logprob=-0.5, top=ranked),)
                     calls: tuple[ToolCallDelta, ...] = ()
                     if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it

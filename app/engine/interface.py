@@ -58,17 +58,19 @@ class GenerationParams:
     return_token_ids: bool = False  # vLLM's: the deltas carry the token ids (and the first one the prompt's)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>"
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, with this many alternatives
+    # vLLM's logprob_token_ids: each step's logprobs are the chosen token's and these (`logprobs` is their count).
+    logprob_token_ids: tuple[int, ...] | None = None
+    beam_search: bool = False  # vLLM's: `n` beams, answered whole at the end; `length_penalty` ranks them
+    length_penalty: float = 1.0
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
     generator_draws: int = 0  # a seeded choice resumed: its generator's draws so far (engine/vllm/generator_resume)
 
 
 @dataclass(frozen=True)
 class PromptInput:
-    """Exactly one of: chat messages (templated by the engine host), text, or token ids.
-
-    A message is a plain dict as chat templates take it: `role`, `content` (text), and where present `name`,
-    `tool_calls` (each `{"id", "type", "function": {"name", "arguments": dict}}`) and `tool_call_id`. `tools`
-    (OpenAI's tool objects) go to the chat template as its `tools`."""
+    """Exactly one of: chat messages (templated by the engine host), text, or token ids. A message is a plain dict
+    as chat templates take it (`role`, `content`, and where present `name`, `tool_calls` with arguments as a dict,
+    `tool_call_id`); `tools` (OpenAI's tool objects) go to the chat template as its `tools`."""
 
     messages: tuple[dict[str, Any], ...] | None = None
     text: str | None = None
@@ -79,8 +81,8 @@ class PromptInput:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: tuple[tuple[str, Any], ...] = ()
-    # vLLM's truncate_prompt_tokens: keep only this many of the prompt's token ids (-1: the context less one),
-    # the last ones ("left") or the first ("right"); None: no truncation.
+    # vLLM's truncate_prompt_tokens: keep this many of the prompt's ids (-1: the context less one), the last
+    # ("left") or the first ("right"); None: all.
     truncate_to: int | None = None
     truncation_side: str = "left"
     # The request parameter the prompt came in, which a 400 about it names; "": `messages` or `prompt`.
@@ -190,8 +192,7 @@ class ChoiceDelta:
     index: int
     text: str
     num_tokens: int
-    # "stop" | "length" | None while running. An engine that aborted or failed a choice raises
-    # instead (EngineDead / EngineFailed), so a cut-short answer never reads as a normal "stop".
+    # "stop" | "length" | None while running; a choice cut short raises instead (EngineDead / EngineFailed).
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
     # Tool calls the engine's tool-call parser found in this piece (tool_choice "auto"); `text` is the rest.
@@ -205,8 +206,7 @@ class ChoiceDelta:
 class GenerationDelta:
     choices: tuple[ChoiceDelta, ...]
     prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
-    # Prompt tokens the engine found in its prefix cache (vLLM's num_cached_tokens), on the first delta only.
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # the prompt's tokens found in the prefix cache, on the first delta only
     # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
     # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
     prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None

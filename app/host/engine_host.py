@@ -122,8 +122,8 @@ class EngineHost:
         self.supervisor.require_serving()
         if self.model.runner != "generate":
             raise wrong_runner(self.model.id, self.model.runner, "generation")
-        # Cost before commitment: a prompt certainly too long, or a full replica, is refused before any
-        # tokenizing; tokenizing holds no admission slot; the slot is taken for a prompt known to fit.
+        # Cost before commitment: a prompt certainly too long, or a full replica, is refused before tokenizing
+        # (which holds no admission slot); the slot is taken for a prompt known to fit.
         self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
         self.admission.refuse_if_full(request.tenant)
         arrived = time.monotonic()
@@ -139,6 +139,7 @@ class EngineHost:
         finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
         async with self._admitted(request, arrived, deadline, len(prompt_ids), params.n * params.max_tokens,
                                   params.max_tokens, first, finish, learn_from_end=True) as visit:
+            visit.ticket.resuming = params.beam_search  # its one output is its whole answer: no first token to learn
             echo_ids = request.prompt.token_ids is not None and request.want_prompt_text  # their text, echoed
             prompt_text = self.prompts.decode_now(prompt_ids, "prompt") if echo_ids else None
             deltas = engine_stream(self.runner, visit.ticket, request, prompt_ids, params, deadline, client)

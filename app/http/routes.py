@@ -53,8 +53,7 @@ WriterFactory = Callable[[str, str], StreamWriter]
 @router.post("/v1/chat/completions", responses=_STREAMED)
 async def chat_completions(request: Request, body: ChatCompletionRequest) -> Response:
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        shape = ChatShape(body.forced_tool_choice, body.echo_text, body.response_role,
-                          (body.top_logprobs or 0) if body.logprobs else None)
+        shape = ChatShape(body.forced_tool_choice, body.echo_text, body.response_role, body.top_logprobs_shown)
         return Responder(request_id, model_id, shape, body.n,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
                          return_token_ids=bool(body.return_token_ids),
@@ -69,7 +68,7 @@ async def chat_completions_batch(request: Request, body: BatchChatCompletionRequ
     first = body.conversations()[0]
 
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        shape = ChatShape(None, None, first.response_role, (first.top_logprobs or 0) if first.logprobs else None)
+        shape = ChatShape(None, None, first.response_role, first.top_logprobs_shown)
         return Responder(request_id, model_id, shape, len(body.messages), include_usage=body.include_usage,
                          return_token_ids=bool(body.return_token_ids),
                          prompt_tokens_details=_prompt_tokens_details(request))

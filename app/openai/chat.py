@@ -4,7 +4,7 @@ inputs) and `GenerationParams`, with `response_format` and the tool choice."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -64,6 +64,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
+    LOGPROBS_NEEDED: ClassVar[str] = "`logprobs` must be set to true."
     response_format: ResponseFormat | None = None
     tools: list[ChatTool] | None = None
     # None: "auto" with tools, "none" without (vLLM's and OpenAI's defaults)
@@ -110,6 +111,12 @@ class ChatCompletionRequest(SamplingRequest):
                 param="chat_template_kwargs",
             )
         return self
+
+    @property
+    def top_logprobs_shown(self) -> int | None:
+        """Each token's alternatives the answer lists: `top_logprobs` of them, or with `logprob_token_ids` all the
+        engine gives (the chosen token's and theirs), as vLLM lists them; None without logprobs too."""
+        return (self.top_logprobs or 0) if self.logprobs and not self.logprob_token_ids else None
 
     @property
     def response_role(self) -> str:

@@ -31,7 +31,9 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
     def _as_vllm_batches(self) -> BatchChatCompletionRequest:
         for refused, field, what in ((self.stream, "stream", "streaming; set `stream` to false"),
                                      (self.tools is not None, "tools", "tools; omit `tools`"),
-                                     (self.n != 1, "n", "`n > 1`. Please set `n` to 1.")):
+                                     (self.n != 1, "n", "`n > 1`. Please set `n` to 1."),
+                                     (self.use_beam_search, "use_beam_search",
+                                      "beam search. Please set `use_beam_search` to False.")):
             if refused:
                 raise InvalidRequest(f"Batch chat completions do not support {what}", param=field)
         if len(self.messages) > MAX_BATCH_PROMPTS:

@@ -98,6 +98,11 @@ class CompletionRequest(SamplingRequest):
         return [x if isinstance(x, str) else None for x in self._batch] if self.echo else []
 
     def to_params(self, limits: LimitsConfig) -> GenerationParams:
+        if self.stream and self.use_beam_search:  # vLLM's refusal, in its words (its chat streams the whole answer)
+            raise InvalidRequest("Streaming is not currently supported with beam search")
+        if self.use_beam_search and self.echo and self.logprobs is not None:
+            raise InvalidRequest("`echo` with `logprobs` is not supported with beam search because beam search does "
+                                 "not compute prompt logprobs.", param="echo")
         params = self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
         if self.echo_logprobs and self.prompt_logprobs is None:
             # vLLM's: `echo` with `logprobs` scores the echoed prompt too, with as many alternatives (streamed too).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.json_depth import BoundedBody
 from app.openai.sampling_bounds import (
     MAX_ALLOWED_TOKEN_IDS,
+    MAX_LOGPROB_TOKEN_IDS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOKEN_ID,
     MAX_TOP_K,
@@ -97,6 +98,14 @@ class SamplingRequest(BoundedBody):
     structured_outputs: StructuredOutputs | None = Field(
         None, description="vLLM extension: one constraint (json, regex, choice, grammar or json_object)."
     )
+    logprob_token_ids: list[TokenId] | None = Field(
+        None, description="vLLM extension: at each step the logprobs of these ids (and the chosen one's), with "
+                          "logprobs asked for."
+    )
+    use_beam_search: bool = Field(False, description="vLLM extension: beam search, `n` beams wide, answered whole.")
+    length_penalty: float = Field(1.0, allow_inf_nan=False, description="vLLM extension: beam search's.")
+    # vLLM's words when `logprob_token_ids` comes without logprobs (chat's `logprobs` is a flag, completions' a count).
+    LOGPROBS_NEEDED: ClassVar[str] = "`logprobs` must be set."
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -203,13 +212,16 @@ class SamplingRequest(BoundedBody):
             )
         if self.n > limits.max_n:
             raise InvalidRequest(f"'n' is {self.n}; this model allows at most {limits.max_n}", param="n")
-        if self.n > 1 and self.temperature == 0:
+        if self.n > 1 and self.temperature == 0 and not self.use_beam_search:  # beams are n searches, not samples
             raise InvalidRequest(
                 "'n' > 1 needs sampling; with temperature 0 every choice would be the same. "
                 "Raise 'temperature' or set n to 1",
                 param="n",
             )
-        if logprobs is not None and logprobs > limits.max_logprobs:
+        chosen_ids = self._logprob_token_ids(logprobs)
+        if chosen_ids is not None:
+            logprobs = len(chosen_ids)  # every one listed, as vLLM lists them (the chosen token's first)
+        elif logprobs is not None and logprobs > limits.max_logprobs:
             raise InvalidRequest(
                 f"'{logprobs_name}' is {logprobs}; this model allows at most {limits.max_logprobs}", param=logprobs_name
             )
@@ -227,9 +239,27 @@ class SamplingRequest(BoundedBody):
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
             max_tokens_is_default=is_default,
+            logprob_token_ids=chosen_ids,
+            beam_search=self.use_beam_search,
+            length_penalty=self.length_penalty,
             **self._extensions(max_tokens),
             **{**constraint, **extra},  # chat's response_format and forced tool calls replace the constraint
         )
+
+    def _logprob_token_ids(self, logprobs: int | None) -> tuple[int, ...] | None:
+        """vLLM's `logprob_token_ids`, with its rules and words: logprobs asked for, no beam search, at most
+        MAX_LOGPROB_TOKEN_IDS; an empty list is none. Ids beyond the vocabulary are the engine's to refuse."""
+        ids = self.logprob_token_ids
+        if not ids:
+            return None
+        if self.use_beam_search:
+            raise InvalidRequest("`logprob_token_ids` is not supported with beam search.", param="logprob_token_ids")
+        if logprobs is None:
+            raise InvalidRequest(f"when using `logprob_token_ids`, {self.LOGPROBS_NEEDED}", param="logprob_token_ids")
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise InvalidRequest(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                                 f"allowed: {MAX_LOGPROB_TOKEN_IDS}", param="logprob_token_ids")
+        return tuple(ids)
 
     def _check_prompt_logprobs(self, limits: LimitsConfig) -> None:
         """vLLM's rules (its messages): not with a stream unless 0, at least 0 or -1 (the whole vocabulary, which

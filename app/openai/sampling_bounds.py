@@ -11,6 +11,7 @@ from app.errors import InvalidRequest
 MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
 MAX_ALLOWED_TOKEN_IDS = 4096
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's MAX_LOGPROB_TOKEN_IDS: the sampler's row for them is this wide
 MAX_BAD_WORDS = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS, which it counts after tokenizing (a word may count twice)
 MAX_BAD_WORD_CHARS = 256
 MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model's own size

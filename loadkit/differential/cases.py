@@ -126,6 +126,13 @@ CURATED: list[Case] = [
         "name": "a", "schema": {"type": "object", "properties": {"capital": {"type": "string"}}}}}, max_tokens=20),
          expect=EXTRAS),
     Case("priority", chat(priority=0), expect=EXTRAS),
+    # issue 26: the logprobs of named token ids; beam search (2 wide: the peer's max_logprobs is the config's 5)
+    Case("chat_logprob_token_ids", chat(logprobs=True, logprob_token_ids=[7042, 504], max_tokens=4), expect=EXTRAS),
+    Case("completion_logprob_token_ids", completion(logprobs=0, logprob_token_ids=[7042], max_tokens=4),
+         expect=EXTRAS),
+    Case("chat_beam_search", chat(use_beam_search=True, n=2, max_tokens=6), expect=EXTRAS),
+    Case("completion_beam_search", completion(use_beam_search=True, n=2, max_tokens=6, length_penalty=0.5),
+         expect=EXTRAS),
     # chat templates and messages
     Case("chat_template_kwargs", chat(chat_template_kwargs={"enable_thinking": False}), expect=EXTRAS),
     Case("add_generation_prompt_false", chat(add_generation_prompt=False), expect=EXTRAS),
@@ -160,6 +167,8 @@ CURATED: list[Case] = [
     Case("truncate_over_context", completion(truncate_prompt_tokens=4096)),
     Case("min_tokens_over_max", chat(min_tokens=9)),
     Case("prompt_logprobs_stream", completion(prompt_logprobs=1, stream=True)),
+    Case("logprob_token_ids_without_logprobs", chat(logprob_token_ids=[7042])),
+    Case("beam_search_stream_completion", completion(use_beam_search=True, stream=True)),
     # issue 26: a completions request without a prompt (vLLM's message), a seed past a 64-bit int (pydantic's bound)
     Case("completion_no_prompt", Request("POST", "/v1/completions", {"model": MODEL, "temperature": 0,
                                                                       "max_tokens": 8})),

@@ -3,8 +3,9 @@
 The command is the peers' own (`loadkit.peers.system_command` for the `vllm` system: model folder, served name,
 `--enforce-eager`, dtype, max_model_len, max_num_seqs, and `VLLM_CPU_KVCACHE_SPACE` in its environment), run as a
 `Server` (own process group, stopped leaving nothing behind). Added here are the engine arguments the peers leave
-at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as app/engine/vllm/engine.py sets
-it (`max(limits.max_logprobs, 1)`), the config's tool-call parser if it names one, and
+at vLLM's defaults and the service does not: the config's `seed`, `max_logprobs` as the config's
+`limits.max_logprobs` (the bound a request meets in both; the service's engine allows 2 x `max_n` for beam search's
+steps, so beams compared here are at most 2 wide), the config's tool-call parser if it names one, and
 `--enable-prompt-tokens-details` where the config's `service.enable_prompt_tokens_details` turns the service's
 `usage.prompt_tokens_details` on (both leave it null by default). `dtype: auto`
 is given to the peer as `loadkit.precision.same_precision` gives it to every peer: what the service's `auto`

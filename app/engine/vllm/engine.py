@@ -34,11 +34,8 @@ from app.engine.interface import (
     GenerationDelta,
     GenerationParams,
 )
-from app.engine.vllm.from_vllm import (
-    choice_delta,
-    prompt_token_logprobs,
-    with_tool_calls,
-)
+from app.engine.vllm.beam_search import beam_search_outputs
+from app.engine.vllm.from_vllm import choice_delta, prompt_token_logprobs, with_tool_calls
 from app.engine.vllm.refusals import refusal, rejected
 from app.engine.vllm.to_vllm import engine_args, sampling_params
 from app.engine.vllm.tool_parsing import AutoToolCalls, parser_class
@@ -175,14 +172,16 @@ class VLLMEngine:
         if parsers:
             params = replace(params, skip_special_tokens=parsers[0].adjust(params.skip_special_tokens))
         try:
-            sampling = sampling_params(params)
+            sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:
             raise refusal(err, params) from None
         try:
-            prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
-            async for out in self.llm.generate(prompt, sampling, request_id, priority=params.priority):
+            outputs = (beam_search_outputs(self.llm, prompt_token_ids, request_id, params) if sampling is None
+                       else self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling,
+                                              request_id, priority=params.priority))
+            async for out in outputs:
                 choices = tuple(choice_delta(c, params.logprobs, params.tokens_as_ids) for c in out.outputs)
                 if parsers:
                     choices = tuple(with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))

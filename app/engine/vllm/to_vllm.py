@@ -39,7 +39,8 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
         gpu_memory_utilization=e.gpu_memory_utilization,
         tensor_parallel_size=e.tensor_parallel_size,
         trust_remote_code=e.trust_remote_code,
-        max_logprobs=max(model.limits.max_logprobs, 1),
+        # Beam search asks for 2 x n logprobs at each of its steps (vLLM's BeamSearchOnlineMixin).
+        max_logprobs=max(model.limits.max_logprobs, 2 * model.limits.max_n, 1),
     )
 
 
@@ -64,7 +65,8 @@ def sampling_params(p: GenerationParams) -> SamplingParams:
         seed=p.seed,
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
-        logprobs=p.logprobs,
+        logprobs=None if p.logprob_token_ids else p.logprobs,  # vLLM's: the ids' logprobs in place of the top ones
+        logprob_token_ids=list(p.logprob_token_ids) if p.logprob_token_ids else None,
         ignore_eos=p.ignore_eos,
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,

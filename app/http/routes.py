@@ -31,7 +31,7 @@ from app.openai import completion_batch as batch_stream
 from app.openai import embeddings
 from app.openai.answers import Responder, StreamWriter
 from app.openai.chat import ChatCompletionRequest
-from app.openai.chat_batch import BatchChatCompletionRequest
+from app.openai.chat_batch import BatchChatCompletionRequest, BatchChatShape
 from app.openai.choice_shapes import ChatShape, CompletionShape
 from app.openai.completions import CompletionRequest
 from app.openai.responses_api import ResponsesRequest, responses_param, summary
@@ -65,10 +65,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest) -> Res
 @router.post("/v1/chat/completions/batch")
 async def chat_completions_batch(request: Request, body: BatchChatCompletionRequest) -> Response:
     """vLLM's batched chat: conversation i's answer is choice i (app/openai/chat_batch.py)."""
-    first = body.conversations()[0]
-
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        shape = ChatShape(None, None, first.response_role, first.top_logprobs_shown)
+        shape = BatchChatShape(body.conversations())
         return Responder(request_id, model_id, shape, len(body.messages), include_usage=body.include_usage,
                          return_token_ids=bool(body.return_token_ids),
                          prompt_tokens_details=_prompt_tokens_details(request))
@@ -165,9 +163,8 @@ async def _generate(
     if model.runner != "generate":
         raise wrong_runner(model.id, model.runner, "generation")
     if isinstance(body, BatchChatCompletionRequest):
-        conversations = body.conversations()
-        prompts = [c.to_prompt(model.limits) for c in conversations]
-        params = conversations[0].to_params(model.limits, model.engine.tool_call_parser)
+        prompts = [c.to_prompt(model.limits) for c in body.conversations()]
+        params = body.to_params(model.limits, model.engine.tool_call_parser)
     elif isinstance(body, ChatCompletionRequest):
         prompts = [body.to_prompt(model.limits)]
         params = body.to_params(model.limits, model.engine.tool_call_parser)

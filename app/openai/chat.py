@@ -4,6 +4,7 @@ inputs) and `GenerationParams`, with `response_format` and the tool choice."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -126,9 +127,10 @@ class ChatCompletionRequest(SamplingRequest):
 
     @property
     def echo_text(self) -> str | None:
-        """With `echo`: the final message's content when it is the assistant's (vLLM's rule), else None."""
+        """With `echo`: the final message's content when its role is the answer's (vLLM's rule: the assistant's, or
+        any with no generation prompt added), else None."""
         last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else None
+        return last.text() if self.echo and last.role == self.response_role else None
 
     @model_validator(mode="after")
     def _tools_consistent(self) -> ChatCompletionRequest:
@@ -241,7 +243,7 @@ class ChatCompletionRequest(SamplingRequest):
         if self.structured_outputs is not None and self.forced_tool_choice is not None:
             raise InvalidRequest("You can only either use structured outputs or tools, not both.",  # vLLM's
                                  param="structured_outputs")
-        return self._params(
+        params = self._params(
             limits,
             max_tokens,
             name,
@@ -249,6 +251,10 @@ class ChatCompletionRequest(SamplingRequest):
             logprobs_name="top_logprobs",
             **{**structured, **self._tool_params(tool_call_parser)},
         )
+        if self.echo and self.prompt_logprobs is None and not self.stream:
+            # vLLM's: `echo` scores the prompt too, with `top_logprobs` alternatives (its stream leaves them out).
+            params = replace(params, prompt_logprobs=self.top_logprobs or 0)
+        return params
 
 
 ChatCompletionRequest.model_rebuild()

@@ -7,13 +7,17 @@ summed tokens, as a completions batch is (app/openai/completion_batch.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
+from app.config.model import LimitsConfig
+from app.engine.interface import GenerationParams
 from app.errors import InvalidRequest
 from app.openai.chat import ChatCompletionRequest
 from app.openai.chat_messages import ChatMessage
+from app.openai.choice_shapes import ChatShape
 from app.openai.completions import MAX_BATCH_PROMPTS
 
 
@@ -41,6 +45,12 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
                                  "allowed in one request", param="messages")
         return self
 
+    def to_params(self, limits: LimitsConfig, tool_call_parser: str | None = None) -> GenerationParams:
+        """The settings every conversation shares (checked as the first's); unlike a chat request, vLLM's batch
+        does not score the prompts for `echo`."""
+        params = self.conversations()[0].to_params(limits, tool_call_parser)
+        return params if self.prompt_logprobs is not None else replace(params, prompt_logprobs=None)
+
     def conversations(self) -> list[ChatCompletionRequest]:
         """Each conversation as the chat request it would be alone (its checks run here, once)."""
         if self._conversations is not None:
@@ -57,6 +67,18 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
                 raise InvalidRequest(f"conversation {i}: {where}: {first['msg']}", param=f"messages.{i}") from None
         self._conversations = out
         return out
+
+
+class BatchChatShape(ChatShape):
+    """Choice i answers conversation i: its role and its `echo` are that conversation's, as vLLM's batched chat
+    sets them (a conversation ending on an assistant's turn echoes it, one ending on the user's does not)."""
+
+    def __init__(self, conversations: list[ChatCompletionRequest]):
+        super().__init__(top_logprobs=conversations[0].top_logprobs_shown)
+        self._each = [(c.response_role, c.echo_text) for c in conversations]
+
+    def role_and_echo(self, index: int) -> tuple[str, str | None]:
+        return self._each[index]
 
 
 BatchChatCompletionRequest.model_rebuild()

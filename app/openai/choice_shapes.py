@@ -57,13 +57,18 @@ class ChatShape:
             return "tool_calls"
         return reason
 
+    def role_and_echo(self, index: int) -> tuple[str, str | None]:
+        """Choice `index`'s role and echoed text (the same for every choice of one conversation)."""
+        return self.role, self.echo_text
+
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": self.role} if first else {}
+        role, echo = self.role_and_echo(c.index)
+        delta: dict[str, Any] = {"role": role} if first else {}
         if self.forced_tool_choice is not None:
             calls = self._forced.setdefault(c.index, ForcedCalls(self.forced_tool_choice)).feed(c.text)
         else:
             calls = list(c.tool_calls)
-            text = (self.echo_text or "") + c.text if first else c.text
+            text = (echo or "") + c.text if first else c.text
             if text or not calls:
                 delta["content"] = text
         if calls:
@@ -77,7 +82,8 @@ class ChatShape:
         }
 
     def full_choice(self, acc: ChoiceState) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": (self.echo_text or "") + acc.text}
+        role, echo = self.role_and_echo(acc.index)
+        message: dict[str, Any] = {"role": role, "content": (echo or "") + acc.text}
         if self.forced_tool_choice is not None:
             calls = ForcedCalls(self.forced_tool_choice).calls(acc.text)
             message["content"] = ""  # as vLLM answers a forced call

@@ -140,7 +140,11 @@ CURATED: list[Case] = [
                                         add_generation_prompt=False, continue_final_message=True), expect=EXTRAS),
     Case("echo_chat", chat(messages=[*QUESTION, {"role": "assistant", "content": "The capital is"}],
                            add_generation_prompt=False, continue_final_message=True, echo=True),
-         expect=EXTRAS + "+echo_prompt_logprobs"),
+         expect=EXTRAS),
+    Case("echo_chat_user_last", chat(add_generation_prompt=False, echo=True), expect=EXTRAS),
+    Case("chat_batch_roles_echo", Request("POST", "/v1/chat/completions/batch", {
+        "model": MODEL, "temperature": 0, "max_tokens": 8, "add_generation_prompt": False, "echo": True,
+        "messages": [[*QUESTION, {"role": "assistant", "content": "The capital is"}], QUESTION]}), expect=EXTRAS),
     Case("content_parts_name_extra", chat(messages=[
         {"role": "system", "content": [{"type": "text", "text": "Answer briefly."}], "name": "rules"},
         {"role": "user", "content": [{"type": "text", "text": "Capital of France?"}], "name": "ann", "x": 1}]),

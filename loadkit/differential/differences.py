@@ -126,9 +126,6 @@ DIFFERENCES: list[Difference] = [
                "`top_logprobs` over the model's max: the service's 400 names `top_logprobs`, the parameter the client "
                "sent; vLLM's names `logprobs`",
                lambda r, m: m.path == "error.param" and m.vllm == "logprobs" and m.service == "top_logprobs"),
-    Difference("echo_prompt_logprobs", False,
-               "chat `echo` on a continued assistant message: vLLM also returns the prompt's `prompt_logprobs`",
-               lambda r, m: bool(_body(r).get("echo")) and m.where == "body.prompt_logprobs"),
 ]
 
 

@@ -1,7 +1,7 @@
 """vLLM's `use_beam_search` (with `length_penalty`) and `logprob_token_ids` on chat and completions: the request
 models against vLLM's own (`to_sampling_params`, `to_beam_search_params` and their refusals, in vLLM's words), the
 engine's arguments (beam search's 2 x n logprobs a step), and the answers through the in-process stack on the fake
-engine. The real engine's beams and named logprobs: tests/integration/test_sampling_extensions.py."""
+engine. The real engine against bare `vllm serve`: the differential cases (loadkit/differential/cases.py)."""
 
 from __future__ import annotations
 

@@ -46,3 +46,24 @@ async def test_each_conversation_gets_the_chat_request_s_own_checks(client):
             "continue_final_message": True, "add_generation_prompt": False}
     err = error_of(await client.post("/v1/chat/completions/batch", json=body), 400)
     assert err["param"] == "continue_final_message"  # the final message is not the assistant's
+
+
+async def test_each_choice_takes_its_own_conversation_s_role_and_echo_as_vllm_sets_them(client):
+    """vLLM's batch_serving: with no generation prompt, a choice's role is its conversation's last message's, and
+    `echo` starts it with that message's content."""
+    conversations = [[*CONVERSATIONS[0], {"role": "assistant", "content": "The capital is"}], CONVERSATIONS[1]]
+    resp = await client.post("/v1/chat/completions/batch", json={
+        "model": MODEL_ID, "messages": conversations, "max_tokens": 64, "add_generation_prompt": False, "echo": True})
+    assert resp.status_code == 200, resp.text
+    messages = [c["message"] for c in resp.json()["choices"]]
+    assert [m["role"] for m in messages] == ["assistant", "user"]
+    assert messages[0]["content"] == "The capital is" + ANSWER
+    assert messages[1]["content"] == "Hi there" + ANSWER
+
+
+async def test_echo_without_a_generation_prompt_starts_with_the_last_message_whatever_its_role(client):
+    resp = await client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": CONVERSATIONS[1],
+                                                           "max_tokens": 64, "add_generation_prompt": False,
+                                                           "echo": True})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"] == {"role": "user", "content": "Hi there" + ANSWER}

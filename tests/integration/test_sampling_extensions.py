@@ -256,3 +256,39 @@ def test_return_tokens_as_token_ids_names_the_tokens_that_spell_the_answer(http)
     assert all(re.fullmatch(r"token_id:\d+", t) for top in choice["logprobs"]["top_logprobs"] for t in top)
     ids = [int(t.split(":")[1]) for t in tokens]
     assert http.post("/detokenize", json={"model": MODEL, "tokens": ids}).json()["prompt"] == choice["text"]
+
+
+# -- issue 26: named-token logprobs, beam search, batched chat, through the openai SDK ------------------------------
+
+
+def test_logprob_token_ids_give_each_named_token_s_logprob_at_every_step(client, http):
+    paris, word = token_id(http, " Paris")
+    answer = chat(client, logprobs=True, max_tokens=4, logprob_token_ids=[paris, 0])
+    for step in answer.choices[0].logprobs.content:
+        listed = [t.token for t in step.top_logprobs]
+        assert listed[0] == step.token and word in listed, listed  # the chosen token, then the named ones
+        assert all(t.logprob <= 0 for t in step.top_logprobs)
+    body = refused(chat, client, logprob_token_ids=[paris])  # without logprobs: vLLM's 400
+    assert body["param"] == "logprob_token_ids"
+    out = refused(chat, client, logprobs=True, logprob_token_ids=[VOCAB + 5])  # outside the vocabulary: the engine's
+    assert out["param"] == "logprob_token_ids"
+
+
+def test_beam_search_answers_n_distinct_beams_best_first(client):
+    answer = chat(client, n=3, max_tokens=8, use_beam_search=True)
+    texts = [c.message.content for c in answer.choices]
+    assert [c.index for c in answer.choices] == [0, 1, 2] and len(set(texts)) == 3, texts
+    assert answer.usage.completion_tokens >= 3 and "Paris" in texts[0]
+    completion = complete(client, n=2, max_tokens=6, use_beam_search=True, length_penalty=0.5)
+    assert len({c.text for c in completion.choices}) == 2
+    assert "streaming" in refused(complete, client, stream=True, use_beam_search=True)["message"].lower()
+
+
+def test_batched_chat_answers_each_conversation_through_the_sdk(client):
+    conversations = [QUESTION, [{"role": "user", "content": "What is the capital of Italy?"}]]
+    answer = client.post("/chat/completions/batch", body={"model": MODEL, "messages": conversations,
+                                                          "max_tokens": 12, "temperature": 0},
+                         cast_to=openai.types.chat.ChatCompletion)
+    assert [c.index for c in answer.choices] == [0, 1]
+    alone = [chat(client, messages=m, max_tokens=12).choices[0].message.content for m in conversations]
+    assert [c.message.content for c in answer.choices] == alone  # each as its own chat request answers it

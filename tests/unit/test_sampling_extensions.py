@@ -259,6 +259,8 @@ def test_sampling_params_of_the_defaults_are_vllms_defaults():
      "min_tokens"),
     (VLLMValidationError("repetition_penalty must be greater than zero, got 0."), InvalidRequest,
      "repetition_penalty"),
+    (VLLMValidationError("token_id(s) [49157] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: "
+                         "49152", parameter="logprob_token_ids"), InvalidRequest, "logprob_token_ids"),
     (VLLMValidationError("grammar is not valid", parameter="structured_outputs"), EngineRejected, None),
     (ValueError("something else entirely"), EngineRejected, None),
 ])

@@ -28,6 +28,7 @@ NAMED_PARAMETERS = (
     "frequency_penalty",
     "seed",
     "stop",
+    "logprob_token_ids",
 )
 
 

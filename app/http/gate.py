@@ -1,8 +1,8 @@
-"""The front door's pure-ASGI middleware (`Gate`) and the two counters it consults.
+"""The front door's pure-ASGI middleware (`Gate`) and the capacity count it consults.
 
 `Gate` runs before any route, for every request: request id, API key, header and body size, drain
-and capacity refusals, one access-log line and one metric sample per request. `Lifecycle` counts
-requests in flight for draining; `Capacity` counts generation requests in flight per model against
+and capacity refusals, retries held to their Retry-After (retry_pacing.py), one access-log line and one
+metric sample per request. `Capacity` counts generation requests in flight per model against
 what the model's replicas can hold, so a full service refuses before reading a body. Pure ASGI
 (not BaseHTTPMiddleware) so streams and client disconnects pass through untouched and the token
 path pays for no extra task.
@@ -32,8 +32,10 @@ from app.errors import (
     Unauthorized,
     queue_full_class,
 )
+from app.http.lifecycle import Lifecycle
 from app.http.loop_lag import LoopLagProbe
 from app.http.metrics import Metrics
+from app.http.retry_pacing import RetryPacing
 from app.http.tenant_limits import Reservation, TenantLimits
 from app.http.wire_json import error_response
 from app.tenancy import Tenant, Tenants
@@ -127,33 +129,6 @@ def _tokens_of(item: object) -> int:
     return 0
 
 
-class Lifecycle:
-    """Requests in flight, and whether the service is draining for shutdown."""
-
-    def __init__(self) -> None:
-        self.inflight = 0
-        self.draining = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def enter(self) -> None:
-        self.inflight += 1
-        self._idle.clear()
-
-    def leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
-
-    async def drain(self, grace_s: float) -> int:
-        self.draining = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout=grace_s)
-        except TimeoutError:
-            pass
-        return self.inflight
-
-
 class Gate:
     """Pure ASGI middleware in front of every route: request id, API key, sizes, drain, capacity."""
 
@@ -182,6 +157,7 @@ class Gate:
         self.request_timeout_s = request_timeout_s
         self.loop_lag = LoopLagProbe(metrics.loop_lag) if watch_event_loop else None
         self.lifecycle = lifecycle
+        self.pacing = RetryPacing()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -196,11 +172,13 @@ class Gate:
         state["arrived"] = started = time.perf_counter()
         id_header = (b"x-request-id", request_id.encode("latin-1"))
         status = 0
+        client = scope.get("client")
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                self.pacing.answered(paced, status, message.get("headers", ()))
                 if self.echo_request_id:
                     message = {**message, "headers": [*message.get("headers", []), id_header]}
             await send(message)
@@ -210,8 +188,9 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        client = scope.get("client")
         state["tenant"] = tenant = self.tenants.of(headers.get(b"authorization", b""), client[0] if client else None)
+        paced = (str(client[0]), int(client[1]), tenant.name) if client and tenant and path in CAPACITY_ENDPOINTS \
+            else None
         if tenant is None and path not in OPEN_PATHS:
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
@@ -223,6 +202,9 @@ class Gate:
             return await refuse(
                 ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
             )
+        if (hold_s := self.pacing.hold_s(paced)) > 0:  # back on this connection before its Retry-After
+            self.metrics.retries_held.inc()
+            await asyncio.sleep(hold_s)
         if path in CAPACITY_ENDPOINTS and tenant and (full := self.capacity.refusal_if_all_full(tenant)):
             return await refuse(full)  # before reading or parsing the body: under overload most requests end here
         limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None

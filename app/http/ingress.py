@@ -20,8 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
 from app.http import model_routes, ops_routes, routes
-from app.http.gate import OPEN_PATHS, Capacity, Gate, Lifecycle
+from app.http.gate import OPEN_PATHS, Capacity, Gate
 from app.http.ingress_state import Backend, IngressState
+from app.http.lifecycle import Lifecycle
 from app.http.metrics import Metrics
 from app.http.wire_json import error_response
 from app.openai import validation_errors

@@ -50,6 +50,9 @@ class Metrics:
             ["tenant", "status"],
             registry=r,
         )
+        self.retries_held = Counter(
+            "app_retries_held", "Requests back on a connection before their Retry-After, held until it.", registry=r
+        )
         self.client_aborts = Counter(
             "app_client_disconnects",
             "Requests whose client went away before the end; their engine requests were aborted.",

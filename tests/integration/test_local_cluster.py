@@ -62,6 +62,10 @@ DRAIN_GRACE_S = 2
 LONGER = 48
 # The fake engines' pace: 4.8 s for LONGER tokens, 9.6 s for a long stream's 96, so both are under way at a fault.
 FAKE_TOKEN_DELAY_S = 0.1
+# Serve's replicas and handles report autoscaling figures every 10 s; every 2 s here, so that the autoscaling test's
+# look-back can be seconds (only autoscaled deployments report; the manifest's are fixed).
+FAST_REPORTS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2",
+                "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}
 
 
 def manifest_serve_config(port: int) -> dict:
@@ -100,7 +104,7 @@ class Deployment:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
     with running_local_cluster(tmp_path_factory.mktemp("local-cluster"), workers=2,
-                               env={"APP_API_KEYS": KEY}) as c:
+                               env={"APP_API_KEYS": KEY, **FAST_REPORTS}) as c:
         yield c
 
 
@@ -198,9 +202,9 @@ def test_the_default_config_scales_to_a_second_replica_under_load_and_back_faili
     model["engine_kind"] = "fake"
     model["engine"]["fake_token_delay_s"] = 0.08
     model["deployment"].update({"max_ongoing_requests": 16, "max_queued_requests": 32})  # 20 clients: none refused
-    # A look-back of two reports (Serve's replicas report every 10 s): with 11 s, ticks that saw no report reset
-    # Serve's delay, and 2 -> 1 took 97 s.
-    model["deployment"]["autoscaling"].update({"upscale_delay_s": 0, "downscale_delay_s": 5, "look_back_s": 21})
+    # A look-back of three reports (FAST_REPORTS: every 2 s): with about one, ticks that saw no report reset Serve's
+    # delay (with 10 s reports and an 11 s look-back, 2 -> 1 took 97 s).
+    model["deployment"]["autoscaling"].update({"upscale_delay_s": 0, "downscale_delay_s": 5, "look_back_s": 6})
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     group = ProcessGroup([sys.executable, "-m", "app", "serve", "--config", str(path),
@@ -219,9 +223,9 @@ def test_the_default_config_scales_to_a_second_replica_under_load_and_back_faili
             up_s = time.monotonic() - stepped
             nodes = {r.node for r in cluster.replicas(DEPLOYMENT)}
             load.wait_served(10, what="the load served by two replicas")
-            # 48 s each: still under way when the policy takes a replica away (29-30 s after the drop in two
-            # runs), so those on the replica it stops continue on the other.
-            streams = [LongStream(svc.base_url, KEY, MODEL, **{**LONG, "max_tokens": 600,
+            # 36 s each: still under way when the policy takes a replica away (the replica's demand window, 10 s,
+            # the look-back and the delay after the drop), so those on the replica it stops continue on the other.
+            streams = [LongStream(svc.base_url, KEY, MODEL, **{**LONG, "max_tokens": 450,
                                                                 "extra_body": {"ignore_eos": True}})
                        for _ in range(4)]
             for s in streams:

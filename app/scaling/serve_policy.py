@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 from ray.experimental import internal_kv
@@ -27,6 +28,7 @@ from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
 log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
 STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when the target rose above those running
+LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacity of one replica
 
 # Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
 # load shows there at once, where the look-back average lags it by half its window.
@@ -55,10 +57,11 @@ class TokenDemandPolicy:
         self._published_at = 0.0
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
+        state, now = ctx.policy_state, time.time()
         stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
+        stable, recent = _with_known_capacity(state, stable), recent and _with_known_capacity(state, recent)
         desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent)
-        state, now = ctx.policy_state, time.time()
         if ctx.target_num_replicas > ctx.current_num_replicas:
             state.setdefault(STARTING_SINCE, now)
         else:
@@ -67,6 +70,18 @@ class TokenDemandPolicy:
             self._published_at = now
             _publish(ctx, _decision(ctx, desired, stable, now))
         return desired, state
+
+
+def _with_known_capacity(state: dict[str, Any], figures: list[ReplicaFigures]) -> list[ReplicaFigures]:
+    """With no replica's pace measured (a new replica, or the one kept by a scale-down), the fleet's last measured
+    capacity: the replicas are alike, and an unknown capacity reads as busy (policy.py), which, with the refusals
+    still in the look-back, scaled straight back up after a scale-down (seen on the local cluster)."""
+    measured = [r.capacity for r in figures if r.capacity]
+    if measured:
+        state[LAST_CAPACITY] = statistics.median(measured)
+        return figures
+    known = state.get(LAST_CAPACITY)
+    return figures if known is None else [replace(r, capacity=known) for r in figures]
 
 
 def _decision(ctx: AutoscalingContext, desired: int, stable: list[ReplicaFigures], now: float) -> ScalingDecision:

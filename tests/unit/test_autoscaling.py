@@ -22,7 +22,7 @@ from app.rayserve.builder import build_from_config, colocated
 from app.rayserve.scaling_view import ScalingView
 from app.scaling.decision import ScalingDecision
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
-from app.scaling.serve_policy import STARTING_SINCE, TokenDemandPolicy, _decision
+from app.scaling.serve_policy import LAST_CAPACITY, STARTING_SINCE, TokenDemandPolicy, _decision
 from tests.support.fake_stack import make_config, make_request
 from tests.support.service import REPO
 from tests.unit.test_builder import _engine_behind_the_ingress
@@ -132,9 +132,24 @@ class _Context:
 def test_serve_s_context_becomes_the_policy_s_figures():
     policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
     busy = {"served": {"a": 75.0}, "refused": {"a": 40.0}, "capacity": {"a": 100.0}, "wait_s": {"a": 11.0}}
-    assert policy(_Context(1, busy)) == (2, {"kept": True})  # type: ignore[arg-type]
+    assert policy(_Context(1, busy)) == (2, {"kept": True, LAST_CAPACITY: 100.0})  # type: ignore[arg-type]
     idle = {"served": {"a": 5.0, "b": 5.0}, "refused": {"a": 0.0, "b": 0.0}, "capacity": {"a": 100.0, "b": 90.0}}
     assert policy(_Context(2, idle))[0] == 1  # type: ignore[arg-type]
+
+
+def test_a_replica_not_measured_yet_counts_the_fleet_s_last_capacity_so_a_scale_down_does_not_flap_back_up():
+    """After 2 -> 1 the replica kept may be the newer one, its pace not measured yet; a few refusals of the peak are
+    still in the look-back. With the capacity unknown that read as busy and late: straight back to 2."""
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    ctx = _Context(2, {"served": {"a": 5.0, "b": 5.0}, "refused": {"a": 0.0, "b": 0.0},
+                       "capacity": {"a": 100.0, "b": None}})
+    desired, state = policy(ctx)  # type: ignore[arg-type]
+    assert desired == 1 and state[LAST_CAPACITY] == 100.0
+    kept = _Context(1, {"served": {"b": 20.0}, "refused": {"b": 3.0}, "capacity": {"b": None}})
+    kept.policy_state = state  # Serve hands the state back each tick
+    assert policy(kept)[0] == 1  # type: ignore[arg-type]
+    fresh = _Context(1, {"served": {"b": 20.0}, "refused": {"b": 3.0}, "capacity": {"b": None}})
+    assert policy(fresh)[0] == 2  # type: ignore[arg-type]  # never measured at all: unknown is busy, as before
 
 
 def test_the_policy_reads_the_last_ten_seconds_of_serve_s_raw_series_for_scaling_up():

@@ -114,14 +114,16 @@ class CompletionShape:
     """Completions' choices. With `echo`, each choice's text starts with its prompt's: `echo_texts` by prompt
     (a batch's choice i * n + j is prompt i's), filled in for token-id prompts once the engine decoded them. With
     `echo_logprobs` (`echo` and `logprobs`), the prompt's tokens head the logprobs too, the first without a
-    logprob, and `text_offset` counts from the start of the echoed prompt, as vLLM's server answers."""
+    logprob, and `text_offset` counts from the start of the echoed prompt, as vLLM's server answers. Not
+    `echo_in_text` (vLLM's `echo` with `return_token_ids`): the text leaves the prompt out, its ids being in
+    `prompt_token_ids`; its logprobs and offsets stay as with it."""
 
     object_full = "text_completion"
     object_chunk = "text_completion"
 
     def __init__(self, echo_text: str | None = None, n: int = 1, echo_texts: list[str | None] | None = None,
-                 echo_logprobs: bool = False):
-        self.n = n
+                 echo_logprobs: bool = False, echo_in_text: bool = True):
+        self.n, self.echo_in_text = n, echo_in_text
         self.echo_texts: list[str | None] = list(echo_texts) if echo_texts is not None else [echo_text]
         self.echo_logprobs = echo_logprobs
         self.prompt_scores: dict[int, list[PromptScore]] = {}  # prompt index -> its tokens, with echo_logprobs
@@ -154,7 +156,7 @@ class CompletionShape:
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         echo = self._echo(c.index)
-        text = echo + c.text if first else c.text
+        text = (echo if self.echo_in_text else "") + c.text if first else c.text
         start = self._offsets.get(c.index, len(echo))  # text_offset counts from the choice's whole text
         self._offsets[c.index] = start + len(c.text)
         shown = self._scores(c.index) if first else []
@@ -170,7 +172,7 @@ class CompletionShape:
         shown = self._scores(acc.index)
         return {
             "index": acc.index,
-            "text": echo + acc.text,
+            "text": (echo if self.echo_in_text else "") + acc.text,
             "logprobs": self.logprobs(acc.logprobs, len(echo), shown) if acc.logprobs is not None else None,
             "finish_reason": acc.finish_reason,
         }

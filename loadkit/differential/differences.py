@@ -101,11 +101,6 @@ DIFFERENCES: list[Difference] = [
                "`prompt_token_ids` (without `return_token_ids`); the service sends them only when asked",
                lambda r, m: r.path == "/v1/completions" and bool(_body(r).get("echo"))
                and m.where.startswith("stream.") and "prompt_token_ids" in m.where),
-    Difference("echo_with_token_ids", False,
-               "completions `echo` with `return_token_ids`: vLLM's text leaves the prompt out (its ids are in "
-               "`prompt_token_ids`); the service's text starts with it, as `echo` says",
-               lambda r, m: bool(_body(r).get("echo")) and bool(_body(r).get("return_token_ids"))
-               and m.where.endswith(".text")),
     Difference("vllm_extra_fields", True,
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "

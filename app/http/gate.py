@@ -173,6 +173,10 @@ class Gate:
         id_header = (b"x-request-id", request_id.encode("latin-1"))
         status = 0
         client = scope.get("client")
+        state["tenant"] = tenant = self.tenants.of(headers.get(b"authorization", b""), client[0] if client else None)
+        # A refusal's Retry-After is kept for this connection and tenant (retry_pacing.py), generation routes only.
+        paced = (str(client[0]), int(client[1]), tenant.name) if client and tenant and path in CAPACITY_ENDPOINTS \
+            else None
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -188,9 +192,6 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        state["tenant"] = tenant = self.tenants.of(headers.get(b"authorization", b""), client[0] if client else None)
-        paced = (str(client[0]), int(client[1]), tenant.name) if client and tenant and path in CAPACITY_ENDPOINTS \
-            else None
         if tenant is None and path not in OPEN_PATHS:
             return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
         header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))

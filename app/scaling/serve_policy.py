@@ -60,7 +60,7 @@ class TokenDemandPolicy:
         state, now = ctx.policy_state, time.time()
         stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
-        stable, recent = _with_known_capacity(state, stable), recent and _with_known_capacity(state, recent)
+        stable, recent = _with_known_capacity(state, stable, recent)
         desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent)
         if ctx.target_num_replicas > ctx.current_num_replicas:
             state.setdefault(STARTING_SINCE, now)
@@ -72,16 +72,20 @@ class TokenDemandPolicy:
         return desired, state
 
 
-def _with_known_capacity(state: dict[str, Any], figures: list[ReplicaFigures]) -> list[ReplicaFigures]:
-    """With no replica's pace measured (a new replica, or the one kept by a scale-down), the fleet's last measured
-    capacity: the replicas are alike, and an unknown capacity reads as busy (policy.py), which, with the refusals
-    still in the look-back, scaled straight back up after a scale-down (seen on the local cluster)."""
-    measured = [r.capacity for r in figures if r.capacity]
+def _with_known_capacity(state: dict[str, Any], stable: list[ReplicaFigures], recent: list[ReplicaFigures] | None
+                         ) -> tuple[list[ReplicaFigures], list[ReplicaFigures] | None]:
+    """With no replica's pace measured in either window (a new replica, or the one kept by a scale-down), the fleet's
+    last measured capacity: the replicas are alike, and an unknown capacity reads as busy (policy.py), which, with
+    the refusals still in the look-back, scaled straight back up after a scale-down (seen on the local cluster).
+    Measured is what policy.py takes the median of: both windows."""
+    measured = [r.capacity for r in [*stable, *(recent or ())] if r.capacity]
     if measured:
         state[LAST_CAPACITY] = statistics.median(measured)
-        return figures
+        return stable, recent
     known = state.get(LAST_CAPACITY)
-    return figures if known is None else [replace(r, capacity=known) for r in figures]
+    if known is None:
+        return stable, recent
+    return [replace(r, capacity=known) for r in stable], recent and [replace(r, capacity=known) for r in recent]
 
 
 def _decision(ctx: AutoscalingContext, desired: int, stable: list[ReplicaFigures], now: float) -> ScalingDecision:

@@ -212,7 +212,7 @@ class FakeEngine(EngineWaits):
                                      if params.logprob_token_ids else f"alt{k}", -1.0 - k) for k, t in enumerate(ids))
                         shown = len(ids) if params.logprob_token_ids else max(0, params.logprobs - 1)
                         ranked = ((name, -0.5),) + top[:shown] if params.logprobs else ()
-                        logprobs = (TokenLogprob(token=name, logprob=-0.5, top=ranked),)
+                        logprobs = (TokenLogprob(name, -0.5, ranked, token if params.tokens_as_ids else None),)
                     calls: tuple[ToolCallDelta, ...] = ()
                     if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
                         calls = (auto_call(params.auto_tools[0], i),)

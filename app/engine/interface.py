@@ -130,7 +130,7 @@ class EmbedRequest:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """The answer to an `EmbedRequest`: one vector per input, in input order, and the prompt tokens they cost."""
+    """The answer to an `EmbedRequest`: one vector per input, in input order, and the prompt tokens it cost."""
 
     vectors: tuple[tuple[float, ...], ...]
     prompt_tokens: int
@@ -160,6 +160,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    text: str | None = None  # the token's own text where `token` names it by id (chat's `bytes` are the text's)
 
 
 def new_call_id() -> str:
@@ -207,8 +208,7 @@ class GenerationDelta:
     choices: tuple[ChoiceDelta, ...]
     prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
     cached_tokens: int | None = None  # the prompt's tokens found in the prefix cache, on the first delta only
-    # With prompt_logprobs, on the first delta: per prompt token (None for the first, which has no logprob) the
-    # token and its alternatives, each (token id, logprob, rank, text), the prompt's own token first.
+    # With prompt_logprobs, on the first delta: per prompt token (None for the first) its alternatives, its own first.
     prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
     # With prompt_logprobs, on the first delta: the first prompt token's text (echo with logprobs lists it first).
     prompt_first_token: str | None = None

@@ -79,7 +79,8 @@ async def completions(request: Request, body: CompletionRequest) -> Response:
     def writer(request_id: str, model_id: str) -> StreamWriter:
         # A batch's choices: prompt i's choice j is choice i * n + j (app/openai/completion_batch.py).
         shape = CompletionShape(n=body.n, echo_texts=body.echo_texts, echo_logprobs=body.echo_logprobs,
-                                echo_in_text=not body.return_token_ids)  # vLLM's: the prompt's ids, not its text
+                                echo_in_text=not body.return_token_ids,  # vLLM's: the prompt's ids, not its text
+                                echo_only=body.echo_only)
         return Responder(request_id, model_id, shape, body.n * body.prompt_count,
                          include_usage=body.include_usage, continuous_usage=body.continuous_usage,
                          return_token_ids=bool(body.return_token_ids),

@@ -136,11 +136,13 @@ class Responder:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
 
     def _with_token_ids(self, choice: dict[str, Any], acc: ChoiceState, ids: list[int] | None,
-                        first: bool) -> dict[str, Any]:
+                        first: bool, streamed: bool = False) -> dict[str, Any]:
         """vLLM's token-id fields, on every choice (clients read them unconditionally): null unless asked for; a
-        completions choice's prompt ids on its first chunk only (chat's are the answer's, `_prompt_ids`)."""
+        completions choice's prompt ids on its first chunk only (chat's are the answer's, `_prompt_ids`), where a
+        streamed `echo` sends them unasked, as vLLM's does."""
         if isinstance(self.shape, CompletionShape):
-            choice["prompt_token_ids"] = acc.prompt_token_ids if first and self.return_token_ids else None
+            shown = self.return_token_ids or (streamed and bool(self.shape.echo_texts))
+            choice["prompt_token_ids"] = acc.prompt_token_ids if first and shown else None
         choice["token_ids"] = ids if self.return_token_ids else None
         return choice
 
@@ -163,7 +165,7 @@ class Responder:
             if not self.return_token_ids and (
                     choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None):
                 continue
-            choices.append(self._with_token_ids(choice, acc, list(c.token_ids or ()), first))
+            choices.append(self._with_token_ids(choice, acc, list(c.token_ids or ()), first, streamed=True))
         if not choices:
             return None
         out = self._envelope(self.shape.object_chunk)

@@ -42,7 +42,8 @@ class ChatShape:
                 {
                     "token": lp.token,
                     "logprob": lp.logprob,
-                    "bytes": utf8_bytes(lp.token),
+                    # vLLM's: the chosen token's own text's bytes, even where `token` names it by id
+                    "bytes": utf8_bytes(lp.token if lp.text is None else lp.text),
                     "top_logprobs": [{"token": t, "logprob": v, "bytes": utf8_bytes(t)}
                                      for t, v in lp.top[: self.top_logprobs]],
                 }
@@ -116,14 +117,15 @@ class CompletionShape:
     `echo_logprobs` (`echo` and `logprobs`), the prompt's tokens head the logprobs too, the first without a
     logprob, and `text_offset` counts from the start of the echoed prompt, as vLLM's server answers. Not
     `echo_in_text` (vLLM's `echo` with `return_token_ids`): the text leaves the prompt out, its ids being in
-    `prompt_token_ids`; its logprobs and offsets stay as with it."""
+    `prompt_token_ids`; its logprobs and offsets stay as with it. `echo_only` (vLLM's `echo` with `max_tokens`
+    0): the prompt alone; the one token generated is counted in usage, as vLLM's is, but not shown."""
 
     object_full = "text_completion"
     object_chunk = "text_completion"
 
     def __init__(self, echo_text: str | None = None, n: int = 1, echo_texts: list[str | None] | None = None,
-                 echo_logprobs: bool = False, echo_in_text: bool = True):
-        self.n, self.echo_in_text = n, echo_in_text
+                 echo_logprobs: bool = False, echo_in_text: bool = True, echo_only: bool = False):
+        self.n, self.echo_in_text, self.echo_only = n, echo_in_text, echo_only
         self.echo_texts: list[str | None] = list(echo_texts) if echo_texts is not None else [echo_text]
         self.echo_logprobs = echo_logprobs
         self.prompt_scores: dict[int, list[PromptScore]] = {}  # prompt index -> its tokens, with echo_logprobs
@@ -156,24 +158,26 @@ class CompletionShape:
 
     def chunk_choice(self, c: ChoiceDelta, first: bool) -> dict[str, Any]:
         echo = self._echo(c.index)
-        text = (echo if self.echo_in_text else "") + c.text if first else c.text
+        out_text, out_lps = ("", ()) if self.echo_only else (c.text, c.logprobs or ())
+        text = (echo if self.echo_in_text else "") + out_text if first else out_text
         start = self._offsets.get(c.index, len(echo))  # text_offset counts from the choice's whole text
-        self._offsets[c.index] = start + len(c.text)
+        self._offsets[c.index] = start + len(out_text)
         shown = self._scores(c.index) if first else []
         return {
             "index": c.index,
             "text": text,
-            "logprobs": self.logprobs(c.logprobs, start, shown) if c.logprobs is not None else None,
+            "logprobs": self.logprobs(out_lps, start, shown) if c.logprobs is not None else None,
             "finish_reason": c.finish_reason,
         }
 
     def full_choice(self, acc: ChoiceState) -> dict[str, Any]:
         echo = self._echo(acc.index)
         shown = self._scores(acc.index)
+        out_text, out_lps = ("", []) if self.echo_only else (acc.text, acc.logprobs or [])
         return {
             "index": acc.index,
-            "text": (echo if self.echo_in_text else "") + acc.text,
-            "logprobs": self.logprobs(acc.logprobs, len(echo), shown) if acc.logprobs is not None else None,
+            "text": (echo if self.echo_in_text else "") + out_text,
+            "logprobs": self.logprobs(out_lps, len(echo), shown) if acc.logprobs is not None else None,
             "finish_reason": acc.finish_reason,
         }
 

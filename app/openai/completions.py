@@ -31,7 +31,7 @@ class CompletionRequest(SamplingRequest):
         | Annotated[list[int], Field(min_length=1)]
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     )
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = None  # at least 1, or 0 with `echo` (to_params: vLLM's rule and words)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
 
@@ -103,11 +103,24 @@ class CompletionRequest(SamplingRequest):
         if self.use_beam_search and self.echo and self.logprobs is not None:
             raise InvalidRequest("`echo` with `logprobs` is not supported with beam search because beam search does "
                                  "not compute prompt logprobs.", param="echo")
-        params = self._params(limits, self.max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+        if self.max_tokens is not None and self.max_tokens < 1 and not self.echo_only:
+            raise InvalidRequest(f"max_tokens must be at least 1, got {self.max_tokens}.", param="max_tokens")
+        if self.echo_only and self.logprob_token_ids:
+            raise InvalidRequest("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because "
+                                 "no output tokens are generated.", param="logprob_token_ids")
+        max_tokens = 1 if self.echo_only else self.max_tokens  # vLLM's: one token, generated and not shown
+        params = self._params(limits, max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
         if self.echo_logprobs and self.prompt_logprobs is None:
             # vLLM's: `echo` with `logprobs` scores the echoed prompt too, with as many alternatives (streamed too).
             params = replace(params, prompt_logprobs=self.logprobs)
+        if self.echo and self.stream:  # vLLM's: each choice's first chunk carries its prompt's ids, asked or not
+            params = replace(params, return_token_ids=True)
         return params
+
+    @property
+    def echo_only(self) -> bool:
+        """vLLM's `echo` with `max_tokens` 0: each choice is its prompt alone."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def echo_logprobs(self) -> bool:

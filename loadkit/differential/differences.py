@@ -96,11 +96,6 @@ DIFFERENCES: list[Difference] = [
                "never starts with a 200 only to fail)", lambda r, m: bool(_body(r).get("allowed_token_ids")) and bool(
                    _body(r).get("structured_outputs") or _body(r).get("response_format"))
                and m.path in ("status", "error.status") and m.service == 503),
-    Difference("echo_stream_prompt_ids", False,
-               "a streamed completion with `echo`: vLLM's first chunk of each choice also carries the prompt's "
-               "`prompt_token_ids` (without `return_token_ids`); the service sends them only when asked",
-               lambda r, m: r.path == "/v1/completions" and bool(_body(r).get("echo"))
-               and m.where.startswith("stream.") and "prompt_token_ids" in m.where),
     Difference("vllm_extra_fields", True,
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "
@@ -113,10 +108,6 @@ DIFFERENCES: list[Difference] = [
                "per-turn usage details and more, says `metadata: null`, `text: null`, `tool_choice: \"none\"` "
                "without tools, `logprobs: null` on text parts; the text, status and token counts are compared",
                _responses_fields),
-    Difference("token_id_bytes", False,
-               "`return_tokens_as_token_ids`: vLLM's `bytes` are the token's own UTF-8 bytes; the service's are "
-               "those of the `token_id:<id>` string", lambda r, m: bool(_body(r).get("return_tokens_as_token_ids"))
-               and (".bytes" in m.where or _key(m) == "bytes")),
     Difference("top_logprobs_param", True,
                "`top_logprobs` over the model's max: the service's 400 names `top_logprobs`, the parameter the client "
                "sent; vLLM's names `logprobs`",

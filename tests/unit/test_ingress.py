@@ -225,6 +225,12 @@ async def test_completion_echo_stream(client):
     assert out[-1] == "[DONE]"
     assert out[0]["choices"][0]["text"].startswith("Q ")
     assert "".join(c["choices"][0]["text"] for c in out[:-1]) == "Q " + ANSWER
+    # vLLM's: a streamed echo carries the prompt's ids on the first chunk, unasked (and the output's ids never)
+    ids = [c["choices"][0]["prompt_token_ids"] for c in out[:-1]]
+    assert ids[0] == list(b"Q ") and not any(ids[1:])
+    assert all(c["choices"][0]["token_ids"] is None for c in out[:-1])
+    whole = (await client.post("/v1/completions", json={**body, "stream": False})).json()["choices"][0]
+    assert whole["prompt_token_ids"] is None and whole["text"] == "Q " + ANSWER
 
 
 async def test_completion_batch_over_its_bound_refused(client):

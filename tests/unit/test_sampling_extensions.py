@@ -339,8 +339,19 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
     (by_id,) = token_logprobs(out, 2, as_ids=True)
     assert by_text.token == "a" and [t for t, _ in by_text.top] == ["a", "b"]
     assert by_id.token == "token_id:7" and [t for t, _ in by_id.top] == ["token_id:7", "token_id:9"]
+    assert (by_text.text, by_id.text) == (None, "a")
     assert chat(return_tokens_as_token_ids=True, logprobs=True).to_params(LIMITS).tokens_as_ids
     assert not chat(logprobs=True).to_params(LIMITS).tokens_as_ids
+
+
+async def test_chat_bytes_by_token_id_are_the_token_s_own_text_s_as_vllm_s(client):
+    """vLLM's chat `bytes` with return_tokens_as_token_ids: the chosen token's own text's bytes, while each
+    alternative's are those of its `token_id:<id>` name (the differential run's `token_id_bytes`)."""
+    body = chat_body(max_tokens=3, logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+    content = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]["logprobs"]["content"]
+    assert content and all(c["token"].startswith("token_id:") for c in content)
+    assert all(bytes(c["bytes"]).decode() != c["token"] for c in content)
+    assert all(bytes(t["bytes"]).decode() == t["token"] for c in content for t in c["top_logprobs"])
 
 
 async def test_echo_with_logprobs_scores_the_prompt_as_vllm_does(client):

@@ -64,6 +64,7 @@ def token_logprobs(completion: Any, top_k: int, as_ids: bool = False) -> tuple[T
                 token=token_name(token_id, chosen, as_ids),
                 logprob=finite(chosen.logprob),
                 top=tuple((token_name(tid, lp, as_ids), finite(lp.logprob)) for tid, lp in listed),
+                text=chosen.decoded_token if as_ids else None,
             )
         )
     return tuple(out)

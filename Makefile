@@ -38,11 +38,14 @@ cluster-up: setup
 cluster-down: setup
 	$(PY) -m app cluster down
 
+# The unit suite in two processes (it mostly waits on clocks: 180 s alone, 100 s so, on two cores), then the real
+# stacks one group after another (tests/conftest.py); docs/testing.md.
 test: setup
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 tests/unit
+	$(PY) -m pytest -q --durations=25 tests/integration
 
 test-unit: setup
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration

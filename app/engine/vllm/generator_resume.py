@@ -56,4 +56,4 @@ def register() -> None:
         return
     if not current_platform.is_cpu() or getattr(GPUModelRunner._update_states, _PATCHED, False):
         return
-    GPUModelRunner._update_states = resuming(GPUModelRunner._update_states)  # type: ignore[method-assign]
+    GPUModelRunner._update_states = resuming(GPUModelRunner._update_states)

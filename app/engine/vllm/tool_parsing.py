@@ -41,7 +41,7 @@ class AutoToolCalls:
         """Whether special tokens may be skipped in the text: some parsers need them (Hermes' `<tool_call>` is a
         special token in some models), and say so by clearing the request's flag, as vLLM lets them."""
         self._request.skip_special_tokens = skip_special_tokens
-        self._request = self._parser.adjust_request(self._request)  # type: ignore[assignment]
+        self._request = self._parser.adjust_request(self._request)
         return bool(self._request.skip_special_tokens)
 
     def feed(self, text: str, token_ids: list[int]) -> tuple[str, tuple[ToolCallDelta, ...]]:

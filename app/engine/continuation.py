@@ -113,6 +113,7 @@ class Continuation:
             choices=choices if client_wants_ids else tuple(replace(c, token_ids=None) for c in choices),
             prompt_token_ids=item.prompt_token_ids if client_wants_ids and index is None else None,
             cached_tokens=item.cached_tokens if index is None else None,  # a continuation's prompt is not the client's
+            created_cache_tokens=item.created_cache_tokens if index is None else None,
             prompt_logprobs=item.prompt_logprobs if index is None else None,
         )
 

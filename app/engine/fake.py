@@ -35,6 +35,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
+from app.engine.engine_stats import EngineStats
 from app.engine.fake_model import (
     EMBEDDING_SIZE,
     VOCAB_SIZE,
@@ -51,7 +52,6 @@ from app.engine.interface import (
     EmbeddingFacts,
     EngineDead,
     EngineRejected,
-    EngineStats,
     GenerationDelta,
     GenerationParams,
     TokenLogprob,
@@ -174,7 +174,7 @@ class FakeEngine(EngineWaits):
         check_params(params)
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
-        cached = self._cached(tuple(prompt_token_ids))
+        cached, created = self._cached(tuple(prompt_token_ids))
         self._changed()
         try:
             await self._prefill(len(prompt_token_ids) - cached)
@@ -229,6 +229,7 @@ class FakeEngine(EngineWaits):
                                       prompt_token_ids=tuple(prompt_token_ids) if first and params.return_token_ids
                                       else None,
                                       cached_tokens=cached if first else None,
+                                      created_cache_tokens=created if first else None,
                                       prompt_logprobs=prompt_logprobs(prompt_token_ids, params, self.decode) if first
                                       else None,
                                       prompt_first_token=self.decode(list(prompt_token_ids[:1]))
@@ -271,15 +272,16 @@ class FakeEngine(EngineWaits):
         if self.dead:
             raise EngineDead("fake engine is dead")
 
-    def _cached(self, prompt: tuple[int, ...]) -> int:
-        """As vLLM's prefix cache: the prompt's leading whole blocks already held, never all of it (the last
-        token is always computed); then the prompt's blocks are held, least recently used evicted."""
+    def _cached(self, prompt: tuple[int, ...]) -> tuple[int, int]:
+        """As vLLM's prefix cache: the tokens found (the leading whole blocks held, never the last token) and those
+        written (the whole blocks held after, less those found); least recently used blocks are evicted."""
         names = block_hashes(prompt, self.block_tokens)
         hit = self._cache.match(names[:cacheable_blocks(len(prompt), self.block_tokens)], touch=True)
         self._cache.add(names)
         self._cache_queries += len(prompt)
-        self._cache_hits += hit * self.block_tokens
-        return hit * self.block_tokens
+        found = hit * self.block_tokens
+        self._cache_hits += found
+        return found, max(0, min(len(names) * self.block_tokens, len(prompt)) - found)
 
     def stats(self) -> EngineStats:
         return EngineStats(

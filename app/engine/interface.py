@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.engine.engine_stats import EngineStats
 from app.tenancy import Tenant
 
 
@@ -207,31 +208,13 @@ class ChoiceDelta:
 class GenerationDelta:
     choices: tuple[ChoiceDelta, ...]
     prompt_token_ids: tuple[int, ...] | None = None  # with return_token_ids, on the first delta
-    cached_tokens: int | None = None  # the prompt's tokens found in the prefix cache, on the first delta only
+    # On the first delta only: the prompt's tokens found in the prefix cache, and those it wrote there (vLLM's).
+    cached_tokens: int | None = None
+    created_cache_tokens: int | None = None
     # With prompt_logprobs, on the first delta: per prompt token (None for the first) its alternatives, its own first.
     prompt_logprobs: tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None = None
     # With prompt_logprobs, on the first delta: the first prompt token's text (echo with logprobs lists it first).
     prompt_first_token: str | None = None
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """What the engine is doing now, as it reports it."""
-
-    running: int = 0  # requests inside the engine (vLLM: unfinished requests)
-    waiting: int = 0  # requests the engine's scheduler holds waiting
-    kv_cache_usage: float = 0.0  # fraction of KV cache blocks in use
-    preemptions_total: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache (vLLM's counter, tokens)
-    prefix_cache_hits_total: int = 0  # ... and found there
-    extra: dict[str, float] = field(default_factory=dict)
-    # How the engine was set up here (at start): its dtype and why; on a CPU its workers' cores and the front end's.
-    dtype: str = ""
-    dtype_reason: str = ""
-    compute_cores: tuple[int, ...] = ()
-    front_end_cores: tuple[int, ...] = ()
 
 
 class EngineDead(Exception):

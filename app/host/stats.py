@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
-from app.engine.interface import EngineStats
+from app.engine.engine_stats import EngineStats
 from app.host.pace import PaceStats
 
 

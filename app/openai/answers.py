@@ -65,6 +65,7 @@ class Responder:
     # Prompt tokens the engine found in its prefix cache, over every prompt (the Responses API's usage always says
     # it; chat's and completions' with `prompt_tokens_details`).
     cached_tokens: int = 0
+    created_cache_tokens: int | None = None  # ... and those the engine wrote there (vLLM's chat usage says it)
     # vLLM's --enable-prompt-tokens-details (`service.enable_prompt_tokens_details`): usage's
     # `prompt_tokens_details.cached_tokens`; off (vLLM's default), `prompt_tokens_details` is null.
     prompt_tokens_details: bool = False
@@ -129,8 +130,15 @@ class Responder:
     def usage(self) -> dict[str, Any]:
         """The whole answer's usage as vLLM's server sends it: `prompt_tokens_details` (what the prefix cache
         saved) only where the operator turned it on, else null."""
-        details = {"cached_tokens": self.cached_tokens} if self.prompt_tokens_details else None
+        details: dict[str, Any] | None = {"cached_tokens": self.cached_tokens} if self.prompt_tokens_details else None
+        if details is not None and isinstance(self.shape, ChatShape) and self.created_cache_tokens is not None:
+            details["created_cache_tokens"] = self.created_cache_tokens  # vLLM's chat says it, its completions not
         return {**self._counts(), "prompt_tokens_details": details}
+
+    def _count_cache(self, delta: GenerationDelta) -> None:
+        self.cached_tokens += delta.cached_tokens or 0
+        if delta.created_cache_tokens is not None:
+            self.created_cache_tokens = (self.created_cache_tokens or 0) + delta.created_cache_tokens
 
     def _envelope(self, obj: str) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model}
@@ -153,7 +161,7 @@ class Responder:
     def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
         """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
         not yet readable), as vLLM sends no chunk then."""
-        self.cached_tokens += delta.cached_tokens or 0
+        self._count_cache(delta)
         choices = []
         for c in delta.choices:
             acc = self._absorb(c, delta)
@@ -221,7 +229,7 @@ class Responder:
 
     async def collect(self, stream: AsyncGenerator[GenerationDelta, None]) -> dict[str, Any]:
         async for delta in stream:
-            self.cached_tokens += delta.cached_tokens or 0
+            self._count_cache(delta)
             for c in delta.choices:
                 self._absorb(c, delta)
         return self.full()

@@ -100,8 +100,8 @@ DIFFERENCES: list[Difference] = [
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "
                "`prompt_text`, a message's `refusal`/`annotations`/`audio`/`function_call`/`reasoning`, "
-               "`usage.completion_tokens_details`) are left out, and `prompt_tokens_details.created_cache_tokens` "
-               "(vLLM's, with --enable-prompt-tokens-details) is not sent; `stop_reason`, which has a value, is",
+               "`usage.completion_tokens_details`, `prompt_tokens_details.multimodal_tokens`) are left out; "
+               "`stop_reason`, which has a value, is sent",
                _vllm_extras),
     Difference("responses_fields", True,
                "/v1/responses echoes different settings: vLLM adds `background`, `service_tier`, `truncation`, "

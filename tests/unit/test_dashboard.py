@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from app.engine.interface import EngineStats
+from app.engine.engine_stats import EngineStats
 from app.host.stats import AdmissionStats, ReplicaStats
 from app.http.metrics import Metrics, _Snapshot
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.engine.interface import EngineStats
+from app.engine.engine_stats import EngineStats
 from app.host.stats import AdmissionStats, ReplicaStats, combined
 from app.http.metrics import Metrics
 

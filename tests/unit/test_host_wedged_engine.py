@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from app.config.service import ServiceConfig
+from app.engine.engine_stats import EngineStats
 from app.engine.fake import FakeEngine
-from app.engine.interface import Admitted, ChoiceDelta, EngineDead, EngineStats, GenerationDelta
+from app.engine.interface import Admitted, ChoiceDelta, EngineDead, GenerationDelta
 from app.engine.processes import EngineProcesses
 from app.errors import EngineWedged, ServiceUnavailable
 from app.host.engine_host import EngineHost

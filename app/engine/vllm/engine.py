@@ -25,12 +25,12 @@ from app.engine.cpu.affinity import keep_off_engine_cores
 from app.engine.cpu.claims import CoreClaim, plan_own_cores
 from app.engine.cpu.core_plan import CorePlan, describe
 from app.engine.cpu.precision import PrecisionChoice, resolve_cpu_precision
+from app.engine.engine_stats import EngineStats
 from app.engine.interface import (
     EmbeddingFacts,
     EngineDead,
     EngineFailed,
     EngineRejected,
-    EngineStats,
     GenerationDelta,
     GenerationParams,
 )
@@ -189,9 +189,11 @@ class VLLMEngine:
                     choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
                                                                                              strict=True))
                 cached = getattr(out, "num_cached_tokens", None) if first else None
+                created = getattr(out, "num_cache_creation_tokens", None) if first else None
                 scored = first and params.prompt_logprobs is not None
                 prompt_logprobs = prompt_token_logprobs(out, params.tokens_as_ids) if scored else None
                 yield GenerationDelta(choices=choices, prompt_token_ids=prompt_ids, cached_tokens=cached,
+                                      created_cache_tokens=created,
                                       prompt_logprobs=prompt_logprobs,
                                       prompt_first_token=self._token_text(prompt_token_ids[0], params.tokens_as_ids)
                                       if scored and prompt_token_ids else None)

@@ -1,15 +1,15 @@
 """The suite's order: fewest real stacks up at once, each started once.
 
 On two cores a stack that is up but idle still costs its neighbours (Ray's processes, an engine's memory), and a
-stack start costs 40 to 90 s. So every integration module says which stack it runs on, with
+stack start costs 30 to 90 s. So every integration module says which stack it runs on, with
 `pytest.mark.stack(...)`, and the modules run in groups in this order, each in its collected order within the group:
 
 1. the unit tests (no stack);
-2. `stack("shared")`: the session's shared stack (`service`, tests/integration/conftest.py), stopped once the last
-   of them ends (not at the end of the session, beside the cluster and two-engine tests);
-3. `stack("spare")`: the spare stack a test may break (`own_service`, tests/support/stacks.py);
-4. `stack("spare-stopped")`: the Ctrl-C test, which stops the spare stack as its test, so it runs last of those;
-5. `stack("own")`: the modules that start stacks or clusters of their own.
+2. `stack("shared")`: the session's stack (`service`, tests/support/stacks.py), which these tests leave healthy;
+3. `stack("spare")`: the same stack, handed to tests that may break it (`own_service`: a new one if they did);
+4. `stack("spare-stopped")`: the Ctrl-C test, which stops it as its test, so it runs last of those;
+5. `stack("own")`: the modules that start stacks or clusters of their own, once the session's stack is stopped
+   (after the last test of groups 2-4, not at the end of the session, beside the cluster and two-engine tests).
 
 A module without the mark, or a test whose fixtures disagree with its module's mark, stops the run at collection.
 """
@@ -23,9 +23,9 @@ pytest_plugins = ["tests.support.stacks"]
 GROUPS = {"shared": 1, "spare": 2, "spare-stopped": 3, "own": 4}
 # The fixture each stack mark implies, and the marks that may use it.
 FIXTURES = {"service": {"shared"}, "own_service": {"spare", "spare-stopped"}}
-# The session stack's stop, which `service` registers, and the test after which to call it.
-STOP_SHARED_STACK = pytest.StashKey[object]()
-LAST_ON_SHARED_STACK = pytest.StashKey[str]()
+# The session stack's stop, which `session_stack` registers, and the last test on it, after which it is called.
+STOP_SESSION_STACK = pytest.StashKey[object]()
+LAST_ON_SESSION_STACK = pytest.StashKey[str]()
 
 
 def _stack(item: pytest.Item) -> str | None:
@@ -60,15 +60,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    users = [i.nodeid for i in session.items if _stack(i) == "shared"]
+    users = [i.nodeid for i in session.items if _stack(i) in ("shared", "spare", "spare-stopped")]
     if users:
-        session.config.stash[LAST_ON_SHARED_STACK] = users[-1]
+        session.config.stash[LAST_ON_SESSION_STACK] = users[-1]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     config = item.config
-    if nextitem is not None and config.stash.get(LAST_ON_SHARED_STACK, None) == item.nodeid:
-        stop = config.stash.get(STOP_SHARED_STACK, None)
+    if nextitem is not None and config.stash.get(LAST_ON_SESSION_STACK, None) == item.nodeid:
+        stop = config.stash.get(STOP_SESSION_STACK, None)
         if callable(stop):
             stop()

@@ -1,26 +1,12 @@
-"""The integration tests' shared stack and its clients: one `python -m app serve` for every module marked
-`pytest.mark.stack("shared")`, started by the first test that asks for it and stopped after the last of them
-(tests/conftest.py orders the modules by their mark)."""
+"""The clients of the session's stack (`service`, tests/support/stacks.py) for the modules marked
+`pytest.mark.stack("shared")`: the openai SDK (sync and async) and httpx, with the test key."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from contextlib import ExitStack
 
 import httpx
 import pytest
 
-from tests.conftest import STOP_SHARED_STACK
-from tests.support.service import API_KEY, Service, base_config, free_port, running_stack
-
-
-@pytest.fixture(scope="session")
-def service(tmp_path_factory, request) -> Iterator[Service]:
-    """The session's shared stack; stopped after the last test that uses it (tests/conftest.py orders them)."""
-    with ExitStack() as stack:
-        svc = stack.enter_context(running_stack(tmp_path_factory.mktemp("stack"), base_config(free_port())))
-        request.config.stash[STOP_SHARED_STACK] = stack.close  # a second close is a no-op
-        yield svc
+from tests.support.service import API_KEY, Service
 
 
 @pytest.fixture(scope="session")

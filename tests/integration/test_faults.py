@@ -1,7 +1,7 @@
 """Engine death: in-flight requests end cleanly, health says so, Ray Serve replaces the replica.
 
-It kills the EngineCore with SIGKILL, so it runs on the spare stack (`own_service`, tests/support/stacks.py),
-never the session's shared one: it may run in any place in the order, and leaves the stack healthy again."""
+It kills the EngineCore with SIGKILL, so it takes the session's stack after every test that shares it
+(`own_service`, tests/support/stacks.py), and leaves the stack healthy again."""
 
 from __future__ import annotations
 

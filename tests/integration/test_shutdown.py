@@ -1,7 +1,7 @@
 """Ctrl-C drains: the request in flight finishes, new ones get 503, then every process is gone.
 
-It stops its stack, so it runs on the spare stack (`own_service`, tests/support/stacks.py), never the session's
-shared one: it may run in any place in the order (a test after it that asks for the spare stack gets a new one)."""
+It stops its stack, so it takes the session's stack last of all that use it (`own_service`,
+tests/support/stacks.py); a test after it that asked for that stack would get a new one."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A real stack as a user starts it: `python -m app serve` (Ray Serve + vLLM on the CPU, the default model) on the
 test config, healthy for the duration of a block, then stopped with Ctrl-C (SIGINT to its process group), after
 which no Ray or engine process may remain. Starting, stopping and the search for leftover processes are
-loadkit.service's, the same as the benchmark's and the overload check's. The fixtures that hold such stacks are
-tests/integration/conftest.py's (the shared one) and tests/support/stacks.py's (the spare one)."""
+loadkit.service's, the same as the benchmark's and the overload check's. The fixtures that hold the session's
+stack are tests/support/stacks.py's."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ SECOND_MODEL = "smollm2-embed"
 MAX_ONGOING = 4
 MAX_QUEUED = 4
 STARTUP_TIMEOUT_S = 420
+# The connection clocks of the test config (`base_config`'s `short_clocks`), in seconds: cut from the defaults so
+# that the hostile-client tests see them run out quickly.
+SHORT_CLOCKS = {"header_timeout": 3.0, "body_timeout": 5.0, "write_stall_timeout": 5.0}
 
 
 def service_processes(since: float) -> list[str]:
@@ -72,7 +75,7 @@ def base_config(port: int, short_clocks: bool = True) -> dict:
     config = yaml.safe_load((REPO / "configs" / "cpu.yaml").read_text())
     config["service"].update({"port": port, "api_keys": [API_KEY], "request_timeout_s": 120, "drain_grace_s": 10})
     if short_clocks:
-        config["service"].update({"header_timeout_s": 3, "body_timeout_s": 5, "write_stall_timeout_s": 5})
+        config["service"].update({f"{k}_s": v for k, v in SHORT_CLOCKS.items()})
     model = config["models"][0]
     model["engine"].update({"kv_cache_gib": 1, "max_num_seqs": 16})
     model["deployment"].update({"max_ongoing_requests": MAX_ONGOING, "max_queued_requests": MAX_QUEUED,

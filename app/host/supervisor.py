@@ -16,8 +16,8 @@ a retryable 503, and new ones get 503 + Retry-After.
 Restart in place, and why it is preferred to Serve's replacement even with several replicas: it skips Serve's
 detection delay and a new replica process, and only this process can SIGKILL a stopped EngineCore (a replica that
 Serve kills leaves its stopped child behind). While it progresses the health check passes; it fails when the
-restart fails, runs past its deadline, or the engine broke `RESTART_LIMIT` times within `RESTART_WINDOW_S` (a
-crash loop that a new process may cure). Figures: docs/operations.md.
+restart fails, runs past its deadline, or the engine broke too often (a crash loop that a new process may cure:
+app/host/restart_budget.py). Figures: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import asyncio
 import contextlib
 import enum
 import logging
-import math
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 
 from app.config.model import ModelConfig
@@ -37,16 +35,9 @@ from app.engine.interface import Engine, EngineDead, EngineFailed
 from app.engine.processes import EngineProcesses, start_engine, stop_engine
 from app.errors import EngineWedged, ServiceUnavailable
 from app.host.progress_watch import ProgressWatch, Stall
+from app.host.restart_budget import RESTART_LIMIT, RESTART_WINDOW_S, RestartBudget
 
 log = logging.getLogger("app.server")
-# In-place restarts: at most RESTART_LIMIT within RESTART_WINDOW_S, after which the health check fails and
-# Serve replaces the replica (a new process may cure what a new engine in this one did not).
-RESTART_LIMIT = 3
-RESTART_WINDOW_S = 600.0
-# A restart not done within max(RESTART_MIN_DEADLINE_S, RESTART_DEADLINE_STARTS x the engine's last start)
-# is not progressing: the health check fails. The engine's start takes ~25 s on a 2-core CPU, ~110 s compiled.
-RESTART_MIN_DEADLINE_S = 180.0
-RESTART_DEADLINE_STARTS = 4.0
 # How long the old engine's shutdown may take before the restart goes on without it (its processes are
 # SIGKILLed either way).
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -81,15 +72,13 @@ class EngineSupervisor:
         self._factory = engine_factory
         self._prefill_rate = prefill_rate
         self._processes = EngineProcesses()
-        self._start_s = 0.0  # how long the engine's last start took, for Retry-After during a restart
+        self.restarts = RestartBudget()
         # The cores this process may use before any engine narrowed them (cpu/affinity.keep_off_engine_cores):
         # a new engine in this process must plan its cores from these, not from the front end's share.
         self._affinity = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
         self._clocks: dict[str, asyncio.Timeout] = {}  # each request's deadline around its current engine await
         self._watching: asyncio.Task[None] | None = None
         self._restart: asyncio.Task[None] | None = None
-        self._restarting_since = 0.0
-        self._breaks: deque[float] = deque(maxlen=RESTART_LIMIT)  # when the engines broke, for the limit
 
     @property
     def serving(self) -> bool:
@@ -117,18 +106,18 @@ class EngineSupervisor:
             if self.state is EngineState.LOADING:
                 self.state = EngineState.BROKEN
             return
-        self._start_s = time.monotonic() - started
+        self.restarts.restarted(time.monotonic() - started)
         budget = self._on_engine(self.engine)
         if self.state is EngineState.LOADING:
             self.state = EngineState.SERVING
-        log.info("model %s ready in %.1f s; token budget %d", self.model.id, self._start_s, budget)
+        log.info("model %s ready in %.1f s; token budget %d", self.model.id, self.restarts.start_s, budget)
 
     def require_serving(self) -> None:
         """Raises the 503 that says why no request can start now (draining is the admission's to refuse)."""
         name, state = self.model.id, self.state
         if state is EngineState.RESTARTING:
             raise ServiceUnavailable(f"the engine for '{name}' is restarting ({self.reason}); retry shortly",
-                                     retry_after_s=self.restart_retry_after_s())
+                                     retry_after_s=self.restarts.retry_after_s())
         if self.reason:
             raise ServiceUnavailable(f"the engine for '{name}' has {self.reason} and is being replaced; retry shortly",
                                      retry_after_s=5)
@@ -153,7 +142,7 @@ class EngineSupervisor:
         return kind(
             f"the engine for '{self.model.id}' stopped serving while this request was in it "
             f"({self.reason or 'replaced'}); retry",
-            retry_after_s=self.restart_retry_after_s() if self.state is EngineState.RESTARTING else 5,
+            retry_after_s=self.restarts.retry_after_s() if self.state is EngineState.RESTARTING else 5,
         )
 
     def engine_error(self, engine: Engine, request_id: str, err: EngineFailed | EngineDead) -> ServiceUnavailable:
@@ -213,7 +202,7 @@ class EngineSupervisor:
         self.reason = why
         if not wedged:
             log.error("engine for %s %s", self.model.id, why)
-        self._breaks.append(time.monotonic())
+        self.restarts.broke()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -224,7 +213,7 @@ class EngineSupervisor:
                     clock.reschedule(loop.time())
         if loop is not None and self._may_restart():
             self.state = EngineState.RESTARTING
-            self._restarting_since = time.monotonic()
+            self.restarts.restarting()
             self._restart = loop.create_task(self._restart_engine(engine, wedged))
         elif self.state is not EngineState.STOPPED:
             self.state = EngineState.BROKEN
@@ -232,7 +221,7 @@ class EngineSupervisor:
     def _may_restart(self) -> bool:
         if self._factory is None or self.state in (EngineState.STOPPED, EngineState.DRAINING):
             return False
-        window_full = len(self._breaks) == RESTART_LIMIT and time.monotonic() - self._breaks[0] < RESTART_WINDOW_S
+        window_full = self.restarts.exhausted()
         if window_full:
             log.error(
                 "engine for %s broke %d times within %.0f s: no restart in place; the replica is to be replaced",
@@ -242,21 +231,6 @@ class EngineSupervisor:
             )
         return not window_full
 
-    def restart_deadline_s(self) -> float:
-        return max(RESTART_MIN_DEADLINE_S, RESTART_DEADLINE_STARTS * self._start_s)
-
-    def restart_retry_after_s(self) -> float:
-        """The rest of the restart, if it takes as long as the last start did."""
-        elapsed = time.monotonic() - self._restarting_since if self.state is EngineState.RESTARTING else 0.0
-        return float(min(60, max(1, math.ceil(self._start_s + 5 - elapsed))))
-
-    def restart_overdue_s(self) -> float | None:
-        """How long a restart has run past its deadline (None while it is within it, or none runs)."""
-        if self.state is not EngineState.RESTARTING:
-            return None
-        elapsed = time.monotonic() - self._restarting_since
-        return elapsed if elapsed > self.restart_deadline_s() else None
-
     async def _restart_engine(self, old: Engine, wedged: bool) -> None:
         started = time.monotonic()
         log.warning("engine for %s: restarting in place (%s)", self.model.id, self.reason)
@@ -264,7 +238,7 @@ class EngineSupervisor:
             await stop_engine(old, self._processes, wedged, self.model.id, SHUTDOWN_TIMEOUT_S)
             assert self._factory is not None
             engine = self._factory()
-            processes, self._start_s = await asyncio.to_thread(start_engine, engine, self._affinity)
+            processes, start_s = await asyncio.to_thread(start_engine, engine, self._affinity)
         except Exception as err:
             self.failure = f"the restart of the engine for '{self.model.id}' failed: {err!r}"
             log.exception("engine for %s: restart in place failed; the replica is to be replaced", self.model.id)
@@ -276,6 +250,7 @@ class EngineSupervisor:
             processes.kill()
             return
         self.engine, self._processes = engine, processes
+        self.restarts.restarted(start_s)
         self.watch = self.watch.renewed()
         self._on_engine(engine)
         self.restarts_total += 1
@@ -292,7 +267,7 @@ class EngineSupervisor:
         if self.failure:
             raise RuntimeError(f"engine unusable: {self.failure}")
         if self.state is EngineState.RESTARTING:
-            overdue = self.restart_overdue_s()
+            overdue = self.restarts.overdue_s()
             if overdue is not None:
                 raise RuntimeError(f"the engine's restart in place is not done after {overdue:.0f} s")
             return

@@ -27,7 +27,7 @@ from app.engine.processes import EngineProcesses
 from app.errors import EngineWedged, ServiceUnavailable
 from app.host.engine_host import EngineHost
 from app.host.progress_watch import ProgressWatch
-from app.host.supervisor import RESTART_LIMIT
+from app.host.restart_budget import RESTART_LIMIT
 from app.http.ingress import create_app
 from app.http.metrics import Metrics
 from tests.support import sse
@@ -416,7 +416,7 @@ async def test_a_failed_restart_fails_the_health_check_so_serve_replaces_the_rep
 
 
 async def test_a_restart_past_its_deadline_fails_the_health_check(monkeypatch):
-    monkeypatch.setattr("app.host.supervisor.RESTART_MIN_DEADLINE_S", 0.3)
+    monkeypatch.setattr("app.host.restart_budget.RESTART_MIN_DEADLINE_S", 0.3)
     gate = threading.Event()
     factory = Factory(start_blocks=gate)
     first = SteppedEngine()

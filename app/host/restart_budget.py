@@ -37,7 +37,8 @@ class RestartBudget:
     def restarting(self) -> None:
         self._restarting_since = time.monotonic()
 
-    def restarted(self, start_s: float) -> None:
+    def started(self, start_s: float) -> None:
+        """An engine started (the first, or a restart done), taking `start_s`."""
         self.start_s, self._restarting_since = start_s, None
 
     def deadline_s(self) -> float:

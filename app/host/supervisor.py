@@ -106,7 +106,7 @@ class EngineSupervisor:
             if self.state is EngineState.LOADING:
                 self.state = EngineState.BROKEN
             return
-        self.restarts.restarted(time.monotonic() - started)
+        self.restarts.started(time.monotonic() - started)
         budget = self._on_engine(self.engine)
         if self.state is EngineState.LOADING:
             self.state = EngineState.SERVING
@@ -250,7 +250,7 @@ class EngineSupervisor:
             processes.kill()
             return
         self.engine, self._processes = engine, processes
-        self.restarts.restarted(start_s)
+        self.restarts.started(start_s)
         self.watch = self.watch.renewed()
         self._on_engine(engine)
         self.restarts_total += 1

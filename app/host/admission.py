@@ -8,7 +8,8 @@ alone, so nothing valid is refused for ever. A running request may step out of t
 
 In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its target is
 refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when it would miss even
-alone) instead of waiting in the queue only to miss it; the queue timeout stays as a safety net for wrong predictions.
+alone) instead of waiting in the queue only to miss it, and before it is tokenized where even the least request would
+(`refuse_if_full` with targets); the queue timeout stays as a safety net for wrong predictions.
 The start of the simulation ignores the token budget (a budget-bound queue is predicted too short).
 
 Use: `ticket = admission.reserve(tenant)` (cheap; raises before any work), validate,
@@ -27,14 +28,8 @@ from app.host.fair_queue import FairQueue
 from app.host.pace import EnginePace, Prediction, Work
 from app.host.slots import Slots
 from app.host.stats import AdmissionStats
-from app.host.ticket import ASIDE as _ASIDE
-from app.host.ticket import EVICTED as _EVICTED
-from app.host.ticket import RELEASED as _RELEASED
-from app.host.ticket import RESERVED as _RESERVED
-from app.host.ticket import RUNNING as _RUNNING
-from app.host.ticket import WAITING as _WAITING
-from app.host.ticket import Ticket
-from app.host.time_refusals import Targets, never_in_time, over_time
+from app.host.ticket import ASIDE, EVICTED, RELEASED, RESERVED, RUNNING, WAITING, Ticket
+from app.host.time_refusals import NO_TARGETS, Targets, never_in_time, over_time
 from app.tenancy import ANONYMOUS, Tenant
 
 # How often the queue is checked again against the pace (on a first token, while requests wait): each check
@@ -89,10 +84,12 @@ class Admission:
         self._waiting.entered(tenant)
         return Ticket(self, tenant)
 
-    def refuse_if_full(self, tenant: Tenant = ANONYMOUS) -> None:
+    def refuse_if_full(self, tenant: Tenant = ANONYMOUS, targets: Targets = NO_TARGETS, max_steps: int = 1) -> None:
         """Raises the refusal `reserve` would, without reserving anything or displacing anyone: for work done before
-        a slot is taken (tokenizing), so that a full replica still refuses before that work."""
+        a slot is taken (rendering, tokenizing), so that a full replica still refuses before that work; with
+        `targets`, also the refusal by time that the least a request can be (one prompt token, one output) gets."""
         self._victim_or_refusal(tenant)
+        self._judge(Work(prompt_tokens=1, max_tokens=1), tenant, targets, max_steps, time.monotonic())
 
     def _victim_or_refusal(self, tenant: Tenant) -> Ticket | None:
         """Nothing while there is room; full, the waiting request of a more served tenant that gives its place to
@@ -115,7 +112,7 @@ class Admission:
         """`ticket` out of the queue and the system now (its release later gives back nothing more), refused."""
         self._waiting.remove(ticket)
         self._waiting.left(ticket.tenant)
-        ticket.state = _EVICTED
+        ticket.state = EVICTED
         self._in_system -= 1
         self._refused_full += 1
         ticket.wake(TenantOverShare(
@@ -126,7 +123,7 @@ class Admission:
         return self._slots.room_for(ticket, self.max_running, self.token_budget)
 
     def _start(self, ticket: Ticket) -> None:
-        ticket.state = _RUNNING
+        ticket.state = RUNNING
         ticket.started = time.monotonic()
         self._slots.take(ticket)
         ticket.resuming, ticket.paused = ticket.paused, False
@@ -136,37 +133,40 @@ class Admission:
 
     def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
         """`OverTimeTarget` if the pace predicts `ticket` would miss a target, or would wait in the queue
-        longer than `queue_timeout_s` only to be refused there; records the prediction. With no target at
-        all (`ttft_target_s: null` and none asked for) admission is by count alone, as configured."""
-        if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
-            return
+        longer than `queue_timeout_s` only to be refused there; records the prediction."""
         now = time.monotonic()
-        prediction = self.pace.predict(
-            ticket.work(now),
-            (t.work(now) for t in self._slots.for_newcomer(ticket.tenant)),  # less one that will yield to it
-            (t.work(now) for t in self._waiting.ahead_of(ticket.tenant)),  # fair: only who goes first
-            self.max_running,
-        )
+        prediction = self._judge(ticket.work(now), ticket.tenant, targets, ticket.max_steps, now)
+        if prediction is not None:
+            ticket.predicted_first_s, ticket.asked_at = prediction.model_first_token_s, now
+
+    def _judge(self, work: Work, tenant: Tenant, targets: Targets, max_steps: int, now: float) -> Prediction | None:
+        """The prediction for `work` of `tenant` arriving now, or the refusal by time raised. With no target at all
+        (`ttft_target_s: null` and none asked for) admission is by count alone, as configured."""
+        if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
+            return None
+        running = (t.work(now) for t in self._slots.for_newcomer(tenant))  # less one that will yield to it
+        ahead = (t.work(now) for t in self._waiting.ahead_of(tenant))  # fair: only who goes first
+        prediction = self.pace.predict(work, running, ahead, self.max_running)
         if prediction is None:
-            return
+            return None
         self._last_prediction = prediction
-        ticket.predicted_first_s, ticket.asked_at = prediction.model_first_token_s, now
         if not self._slots and not self._waiting:
             # An idle engine is the best case there is: nothing to wait behind. Refusing here would only be the
             # model's error, and a model that refuses everything learns nothing more (it learns from admitted
             # requests; docs/sizing.md, "Admission by time").
-            return
+            return prediction
         late = over_time(prediction, targets, 0.0, self.queue_timeout_s)
         if late is not None:
             self._refused_time += 1
-            never = never_in_time(self.pace.predict(ticket.work(now), (), (), self.max_running), targets)
+            never = never_in_time(self.pace.predict(work, (), (), self.max_running), targets)
             if never is None:  # demand another replica could meet (the autoscaling policy's)
-                self.demand.refused(ticket.max_steps * self.pace.output_share, now)
+                self.demand.refused(max_steps * self.pace.output_share, now)
             raise never or late
+        return prediction
 
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
-        if self.pace is not None and ticket.state == _RUNNING and not ticket.resuming:  # a resume's wait is no pace
+        if self.pace is not None and ticket.state == RUNNING and not ticket.resuming:  # a resume's wait is no pace
             if not ticket.last_output:
                 was_ready = self.pace.ready
                 self.pace.first_token(ticket.backlog, ticket.batch, now - ticket.started)
@@ -204,7 +204,7 @@ class Admission:
             if late is None:
                 continue
             self._waiting.remove(ticket)
-            ticket.state = _RESERVED  # out of the queue; its release only gives back its place in the system
+            ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
             self._refused_time += 1
             self.demand.refused(ticket.max_steps * self.pace.output_share, now)
             ticket.wake(late)
@@ -213,13 +213,13 @@ class Admission:
     async def _admit(
         self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int, max_steps: int
     ) -> None:
-        assert ticket.state == _RESERVED, ticket.state
+        assert ticket.state == RESERVED, ticket.state
         ticket.tokens, ticket.prompt_tokens, ticket.max_steps = tokens, prompt_tokens, max_steps
         self._refuse_late(ticket, targets)
         if not self._waiting and self._fits(ticket):
             self._start(ticket)
             return
-        ticket.state = _WAITING
+        ticket.state = WAITING
         ticket.targets, ticket.queued_at = targets, time.monotonic()
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
@@ -230,19 +230,19 @@ class Admission:
                                "free slot; retry later", retry_after_s=self.retry_after_s())
 
     def _release(self, ticket: Ticket, completed: bool = False) -> None:
-        if ticket.state in (_RELEASED, _EVICTED):
-            ticket.state = _RELEASED
+        if ticket.state in (RELEASED, EVICTED):
+            ticket.state = RELEASED
             return
-        if ticket.state == _RUNNING:
+        if ticket.state == RUNNING:
             self._slots.give_back(ticket)
             self._mean_run_s = 0.9 * self._mean_run_s + 0.1 * (time.monotonic() - ticket.started)
             if self.pace is not None and ticket.last_output and completed:
                 self.pace.finished(ticket.steps, ticket.max_steps, ticket.prompt_tokens)
-        elif ticket.state == _WAITING:
+        elif ticket.state == WAITING:
             self._waiting.remove(ticket)
-        self._aside -= ticket.state == _ASIDE  # an aside one's place was given back when it stepped aside
-        self._in_system -= ticket.state != _ASIDE
-        ticket.state = _RELEASED
+        self._aside -= ticket.state == ASIDE  # an aside one's place was given back when it stepped aside
+        self._in_system -= ticket.state != ASIDE
+        ticket.state = RELEASED
         self._waiting.left(ticket.tenant)
         self._pump()
 
@@ -261,18 +261,18 @@ class Admission:
 
     def _step_aside(self, ticket: Ticket) -> None:
         """Out of the engine and out of the count of places; its tenant's share still charged (host/pauses.py)."""
-        if ticket.state == _RUNNING:
+        if ticket.state == RUNNING:
             self._slots.give_back(ticket)
-            ticket.state, ticket.yield_asked = _ASIDE, False
+            ticket.state, ticket.yield_asked = ASIDE, False
             self._in_system, self._aside = self._in_system - 1, self._aside + 1
             self._pump()
 
     async def _pause(self, ticket: Ticket, timeout_s: float) -> None:
-        if ticket.state == _RUNNING:
+        if ticket.state == RUNNING:
             self._slots.give_back(ticket)
         else:  # back from aside: counted again, over the bound if need be (its client is mid-answer)
             self._in_system, self._aside = self._in_system + 1, self._aside - 1
-        ticket.state, ticket.paused, ticket.yield_asked = _WAITING, True, False
+        ticket.state, ticket.paused, ticket.yield_asked = WAITING, True, False
         self._waiting.push_front(ticket)
         self._pump()
         if not await ticket.wait(timeout_s):

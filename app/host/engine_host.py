@@ -122,10 +122,13 @@ class EngineHost:
         self.supervisor.require_serving()
         if self.model.runner != "generate":
             raise wrong_runner(self.model.id, self.model.runner, "generation")
-        # Cost before commitment: a prompt certainly too long, or a full replica, is refused before tokenizing
-        # (which holds no admission slot); the slot is taken for a prompt known to fit.
+        # A continuation's client has had its first token (app/engine/continuation.py).
+        first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
+        finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
+        # Cost before commitment: a prompt certainly too long, a full replica, or one where even the least request
+        # would miss its targets, is refused before tokenizing (a storm's refusals then cost no tokenizer time).
         self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
-        self.admission.refuse_if_full(request.tenant)
+        self.admission.refuse_if_full(request.tenant, Targets(first, finish), request.params.max_tokens)
         arrived = time.monotonic()
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
@@ -134,9 +137,6 @@ class EngineHost:
             for item in (Admitted(len(prompt_ids)), GenerationDelta((ChoiceDelta(0, "", 0, finish_reason="length"),))):
                 yield item
             return
-        # A continuation's client has had its first token (app/engine/continuation.py).
-        first = None if request.continuation else tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
-        finish = tightest(self.model.deployment.request_target_s, request.finish_target_s)
         async with self._admitted(request, arrived, deadline, len(prompt_ids), params.n * params.max_tokens,
                                   params.max_tokens, first, finish, learn_from_end=True) as visit:
             visit.ticket.resuming = params.beam_search  # its one output is its whole answer: no first token to learn
@@ -170,7 +170,8 @@ class EngineHost:
         self.prompts.refuse_dimensions(request.dimensions)
         for prompt in request.inputs:
             self.prompts.refuse_certainly_too_long(prompt)
-        self.admission.refuse_if_full(request.tenant)
+        first = tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
+        self.admission.refuse_if_full(request.tenant, Targets(first))
         arrived = time.monotonic()
         deadline = asyncio.get_running_loop().time() + request.timeout_s
         prompts_ids = await self.prompts.tokenize_all(request.inputs)
@@ -180,7 +181,6 @@ class EngineHost:
         # One output per input and no decode: to the pace (app/host/pace.py) it is a prompt of `tokens` whose first
         # output is the answer, so the first-token target holds for it as for a generation's first token. Not
         # learnt from at its end: its one output would teach the pace that requests use all of their max_tokens.
-        first = tightest(self.model.deployment.ttft_target_s, request.ttft_target_s)
         async with self._admitted(request, arrived, deadline, tokens, 0, 1, first, None, learn_from_end=False,
                                   inputs=len(request.inputs)) as visit:
             vectors = await self.runner.embed_all(request, prompts_ids, deadline)

@@ -13,6 +13,7 @@ from app.engine.fake import FakeEngine
 from app.errors import NeverInTime, OverTimeTarget, QueueFull
 from app.host.admission import Admission, Targets
 from app.host.pace import EnginePace
+from app.tenancy import Tenant
 from tests.support.fake_stack import Stack, chat_body, make_config
 
 TOKEN_S = 0.02  # the fake engine's time per token
@@ -317,3 +318,43 @@ async def test_a_queued_request_is_checked_again_only_against_the_queue_timeout(
     for ticket in (a, c, d):
         ticket.release()
     assert admission.stats().in_system == 0
+
+
+# -- before rendering and tokenizing (issue 28's refusal storm: tokenizing was most of a refusal's cost) -----------
+
+
+async def test_what_even_the_least_request_would_miss_is_refused_before_any_work():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=_paced())
+    running = admission.reserve()
+    await running.admit(110, 30, prompt_tokens=10, max_steps=100)
+    running.produced(1)  # 99 steps of 0.1 s left: even one prompt token and one output waits some 9.9 s
+    with pytest.raises(OverTimeTarget) as refused:
+        admission.refuse_if_full(Tenant("t"), Targets(first_token_s=2.0), max_steps=10)
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 7
+    assert admission.stats().refused_over_time_target == 1 and admission.stats().in_system == 1  # it holds nothing
+    admission.refuse_if_full(Tenant("t"), Targets(first_token_s=60.0))  # a target it can meet
+    admission.refuse_if_full(Tenant("t"))  # no target: by count alone
+    assert admission.stats().refused_over_time_target == 1
+
+
+async def test_an_idle_replica_refuses_nothing_by_time_before_tokenizing():
+    admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=30,
+                          pace=_paced(step_s=1.0))
+    admission.refuse_if_full(Tenant("t"), Targets(first_token_s=0.001))  # nothing to wait behind: its model learns
+    assert admission.stats().refused_over_time_target == 0
+
+
+async def test_a_request_refused_by_time_is_never_rendered_or_tokenized(stack):
+    occupant = await _occupy(stack)
+    rendered = []
+    render_chat = stack.engine.render_chat
+    stack.engine.render_chat = lambda *a, **kw: rendered.append(1) or render_chat(*a, **kw)  # type: ignore[method-assign]
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-TTFT-Target-S": "0.5"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "over_time_target", r.text
+    assert int(r.headers["retry-after"]) >= 1
+    assert rendered == []  # refused before the chat template and the tokenizer
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=4),
+                                headers={"X-TTFT-Target-S": "25"}, timeout=30)
+    assert r.status_code == 200 and rendered == [1], r.text  # one it can serve is rendered as ever
+    assert (await occupant).status_code == 200

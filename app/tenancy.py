@@ -29,6 +29,14 @@ class Tenant:
 
 
 ANONYMOUS = Tenant()  # requests made inside the service (tests, probes) and engines hosted in-process
+BATCH_PRIORITY = 2**32  # the batch class's engine priority (lower first): after any interactive request's own
+
+
+def engine_priority(tenant: Tenant, asked: int) -> int:
+    """The engine's scheduling priority (vLLM's, lower first; `engine.scheduling_policy: priority`) of a request of
+    `tenant` that asked for `asked`: a batch tenant's after every interactive one's, the client's own value ordering
+    requests only within its class."""
+    return (BATCH_PRIORITY if tenant.batch else 0) + max(-(2**31), min(2**31 - 1, asked))
 
 
 def key_tenant_name(digest_hex: str) -> str:

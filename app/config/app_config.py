@@ -64,6 +64,14 @@ class AppConfig(StrictModel):
                         for t in self.tenants)
         return self.model_copy(update={"service": service, "tenants": tenants})
 
+    def with_engine_policies(self) -> AppConfig:
+        """This config with each engine's unset `scheduling_policy` decided: `priority` when a tenant is of the batch
+        class (interactive first in the engine as in the admission), else vLLM's `fcfs`."""
+        policy = "priority" if any(t.priority == "batch" for t in self.tenants) else "fcfs"
+        models = tuple(m if m.engine.scheduling_policy else m.model_copy(update={
+            "engine": m.engine.model_copy(update={"scheduling_policy": policy})}) for m in self.models)
+        return self.model_copy(update={"models": models})
+
     def on_one_machine(self) -> tuple[AppConfig, list[str]]:
         """This config for a Ray of this machine alone (`python -m app serve` without RAY_ADDRESS): a CPU model that
         autoscales runs its `min_replicas`, fixed, since a second CPU engine here would compute on the cores the

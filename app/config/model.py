@@ -42,6 +42,13 @@ class EngineConfig(StrictModel):
         0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included."
     )
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one replica shards the model over.")
+    scheduling_policy: Literal["fcfs", "priority"] | None = Field(
+        None,
+        description="vLLM's scheduling policy inside the engine (`--scheduling-policy`): `priority` serves every "
+        "interactive tenant's request before a `batch` one's (and preempts batch first when the KV cache runs "
+        "short), a client's own `priority` ordering only within its class. Default: `priority` when a tenant is of "
+        "the batch class, else vLLM's `fcfs`.",
+    )
     seed: int = Field(0, description="Engine-wide random seed.")
     trust_remote_code: bool = Field(
         False, description="Allow model code from the model folder. Only for models you trust."

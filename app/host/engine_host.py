@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.config.common import tightest
@@ -44,6 +44,7 @@ from app.host.runner import EngineRunner
 from app.host.stats import ReplicaStats
 from app.host.supervisor import EngineState, EngineSupervisor
 from app.logs import configure_logging
+from app.tenancy import engine_priority
 
 # The logger of the one line per engine request; its name predates this module's and log queries rely on it.
 log = logging.getLogger("app.server")
@@ -68,15 +69,9 @@ class EngineHost:
     reporting "starting", while its engine loads; with an `engine_factory` a broken engine is restarted in place
     (app/host/supervisor.py)."""
 
-    def __init__(
-        self,
-        model: ModelConfig,
-        engine: Engine,
-        service: ServiceConfig | None = None,
-        start_in_background: bool = False,
-        engine_factory: Callable[[], Engine] | None = None,
-        progress_watch: ProgressWatch | None = None,
-    ):
+    def __init__(self, model: ModelConfig, engine: Engine, service: ServiceConfig | None = None,
+                 start_in_background: bool = False, engine_factory: Callable[[], Engine] | None = None,
+                 progress_watch: ProgressWatch | None = None):
         service = service or ServiceConfig()
         configure_logging(service.log_level)
         self.model = model
@@ -133,6 +128,7 @@ class EngineHost:
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
         params = self.prompts.fit_to_context(len(prompt_ids), request)
+        params = replace(params, priority=engine_priority(request.tenant, params.priority))  # its class first
         if params.max_tokens <= 0:  # a continuation whose default max_tokens used the whole context: it is done
             for item in (Admitted(len(prompt_ids)), GenerationDelta((ChoiceDelta(0, "", 0, finish_reason="length"),))):
                 yield item

@@ -84,8 +84,8 @@ def build_from_config(config: AppConfig, listen: bool = False) -> serve.Applicat
     """`listen`: the HTTP-facing replica (always one: the colocated engine replica, or the ingress) binds
     `service.host:port` itself; otherwise Serve's HTTP proxy answers HTTP (Serve configs, KubeRay). API keys are
     resolved here, in the process that builds the app, and reach every replica as digests in its config
-    (api_keys.py)."""
-    config = config.with_resolved_keys()
+    (api_keys.py); so is each engine's scheduling policy, which follows the tenants' priority classes."""
+    config = config.with_resolved_keys().with_engine_policies()
     if colocated(config):
         model = config.models[0]
         return _engine_deployment(model, config, ModelServer).bind(config, listen)

@@ -36,6 +36,7 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
         dtype=dtype,
         enforce_eager=e.enforce_eager,
         seed=e.seed,
+        scheduling_policy=e.scheduling_policy or "fcfs",  # unset outside a deployment (rayserve/builder.py)
         gpu_memory_utilization=e.gpu_memory_utilization,
         tensor_parallel_size=e.tensor_parallel_size,
         trust_remote_code=e.trust_remote_code,

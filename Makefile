@@ -7,7 +7,7 @@ ACCEL ?= cpu
 CONFIG ?= configs/$(ACCEL).yaml
 STAMP := $(VENV)/.setup-$(ACCEL)
 
-.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing tenants autoscaling fuzz differential clean cluster-up cluster-down
+.PHONY: setup setup-bench serve lint test test-unit test-integration bench goodput burst overload hostile chaos routing tenants fairness autoscaling fuzz differential clean cluster-up cluster-down
 
 setup: $(STAMP)
 
@@ -90,6 +90,10 @@ routing: setup
 
 tenants: setup
 	$(PY) -m loadkit tenants
+
+# Issue 28's VTC suites: the fair queue, budgets and rate limits against first-come on one replica (docs/tenants.md).
+fairness: setup
+	$(PY) -m loadkit fairness
 
 # The autoscaling policy against Serve's default and a queue-depth rule on simulated fleets (docs/autoscaling.md).
 autoscaling: setup

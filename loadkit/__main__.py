@@ -17,6 +17,8 @@ EXPERIMENTS = {  # name -> (module with main(argv), what it does; its doc)
     "hostile": ("loadkit.hostile.run", "hostile clients beside a polite one (docs/hostile.md)"),
     "tenants": ("loadkit.tenants", "the noisy neighbour: one tenant against two at the default config "
                 "(docs/tenants.md)"),
+    "fairness": ("loadkit.fairness.run", "issue 28's VTC suites: fair queue, budgets, rate limits against first-come "
+                 "(docs/tenants.md)"),
     "autoscaling": ("loadkit.autoscaling", "the default config's 1-2 replicas under a step of load on a local "
                     "cluster (docs/autoscaling.md)"),
     "routing": ("loadkit.routing.run", "the fleet router against power-of-two on a local cluster (docs/routing.md)"),

@@ -207,7 +207,8 @@ class _Snapshot:
         yield _by_model_and(
             "app_requests_migrated",
             "Choices the ingress resumed on another replica after theirs failed mid-answer (outcome 'resumed'), "
-            "and requests that could not continue elsewhere (outcome 'unresumable').",
+            "requests that could not continue elsewhere (outcome 'unresumable'), and streams it took out of the "
+            "engine while their client did not read (outcome 'paused').",
             "outcome",
             self._migrated,
         )

@@ -18,7 +18,8 @@ and a request that even the soonest would serve later than its first-token targe
 A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped)
 continues on another replica: each unfinished choice resumes from the tokens it already had
 (app/engine/continuation.py), up to `ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot
-(structured output, tool-call parsing) ends with the retryable 503. Counted in `migrated` (/metrics).
+(structured output, tool-call parsing) ends with the retryable 503. Counted in `migrated` (/metrics), with the
+streams taken out of the engine while their client did not read (rayserve/client_pauses.py).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from app.engine.interface import (
     PromptInput,
 )
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
+from app.host.pauses import pausable
 from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
+from app.rayserve.client_pauses import paused_while_unread
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
@@ -83,11 +86,15 @@ class HandleBackend:
         if routing is not None and routing.model.deployment.autoscaling is not None:
             self.unmet, self.scaling = UnmetDemand(handle), ScalingView(handle)
 
-    async def generate(self, request: GenerateRequest, client: ClientReading | None = None
-                       ) -> AsyncGenerator[Any, None]:
+    def generate(self, request: GenerateRequest, client: ClientReading | None = None) -> AsyncGenerator[Any, None]:
         """The engine's stream for `request`, continued on another replica when the one serving it fails after
-        answering (app/engine/continuation.py). `client` is not consulted: the engine replica is another process
-        (pausing a stream whose client stopped reading is the colocated replica's, app/host/pauses.py)."""
+        answering (app/engine/continuation.py), and taken out of the engine while `client` (the connection, when
+        this process holds it) does not read (rayserve/client_pauses.py)."""
+        if client is not None and pausable(request.params):
+            return paused_while_unread(self._generate, request, client, self.migrated)
+        return self._generate(request)
+
+    async def _generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         started = time.monotonic()
         progress = Continuation(request)
         try:
@@ -258,12 +265,10 @@ class HandleBackend:
         raise AssertionError("unreachable: the last attempt raises")
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
-        tokens: list[int] = await self._call("tokenize", prompt)
-        return tokens
+        return cast(list[int], await self._call("tokenize", prompt))
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        text: str = await self._call("detokenize", token_ids)
-        return text
+        return cast(str, await self._call("detokenize", token_ids))
 
     async def check_health(self) -> None:
         await self._call("check_health")
@@ -272,8 +277,7 @@ class HandleBackend:
         await self._call("check_ready")
 
     async def stats(self) -> ReplicaStats:
-        stats: ReplicaStats = await self._call("stats")
-        return stats
+        return cast(ReplicaStats, await self._call("stats"))
 
     async def replica_stats(self) -> dict[str, ReplicaStats | None]:
         """Every replica's figures, by Serve's replica id; None for one that did not answer within

@@ -141,6 +141,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="each round's length")
     p.add_argument("--heavy", type=int, default=100, help="the heavy client's streams kept going")
     p.add_argument("--period", type=float, default=2.0, help="seconds between the light client's questions")
+    p.add_argument("--slots", type=int, help="the replica's max_ongoing_requests (default: the config's)")
+    p.add_argument("--queue", type=int, help="the replica's max_queued_requests (default: the config's)")
     p.add_argument("--config", type=Path, default=BASE_CONFIG)
     p.add_argument("--work-dir", type=Path, default=REPO / "bench-results" / "tenants")
     p.add_argument("--output", default=str(REPO / "docs" / "tenants.md"), help="report file, or - to print only")
@@ -149,6 +151,9 @@ def main(argv: list[str]) -> int:
     service = OwnService(o.config, "tenants", work_dir=o.work_dir)
     heavy_key, light_key = service.api_key or "", f"light-{secrets.token_hex(8)}"
     service.config["service"]["api_keys"] = [heavy_key, light_key]
+    deployment = service.config["models"][0]["deployment"]  # the storm: 16 slots and 32 queue places
+    deployment.update({k: v for k, v in (("max_ongoing_requests", o.slots), ("max_queued_requests", o.queue))
+                       if v is not None})
     write_config(service.config, service.config_path)
     rows: dict[str, list[Figures]] = {s: [] for s in SYSTEMS}
     try:
@@ -173,7 +178,8 @@ def main(argv: list[str]) -> int:
     header = (f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command_line('tenants', argv)}`, "
               f"commit {git_commit(REPO).text}; vLLM {vllm_version()}; {facts.cpu_text}, {facts.memory_gib} GiB. "
               f"{o.rounds} round(s) of {o.seconds:.0f} s, systems alternating; {o.heavy} heavy streams, a light "
-              f"question every {o.period:g} s; the default config ({o.config.name}) with two keys.")
+              f"question every {o.period:g} s; the default config ({o.config.name}) with two keys"
+              f"{f', {o.slots} slots' if o.slots else ''}{f', {o.queue} queue places' if o.queue else ''}.")
     text = "\n".join([header, "", *_table(rows)])
     print(text)
     if o.output != "-":

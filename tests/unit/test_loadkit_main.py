@@ -19,8 +19,8 @@ def test_help_lists_every_experiment(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(f"  {name} " in out for name in EXPERIMENTS)
-    assert set(EXPERIMENTS) == {"bench", "goodput", "overload", "burst", "hostile", "chaos", "routing", "tenants", "fairness",
-                                "autoscaling", "differential",
+    assert set(EXPERIMENTS) == {"bench", "goodput", "overload", "burst", "hostile", "chaos", "routing", "tenants",
+                                "fairness", "autoscaling", "differential",
                                 "prefill-share", "probe"}
 
 

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from loadkit.fairness import account, render
@@ -49,7 +49,8 @@ def _options(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=REPO / "bench-results" / "fairness")
     p.add_argument("--output", default=str(REPO / "docs" / "tenants.md"), help="report file, or - to print only")
     p.add_argument("--svg", type=Path, default=REPO / "docs" / "fairness-service.svg")
-    p.add_argument("--from-json", type=Path, help="rewrite the report from a run's results.json; runs nothing")
+    p.add_argument("--from-json", type=Path, nargs="+", help="rewrite the report from runs' results files (a "
+                   "later file's suite and system replace an earlier's); runs nothing")
     return p.parse_args(argv)
 
 
@@ -122,7 +123,7 @@ def _run(o: argparse.Namespace, plan: list[Suite], capacity: Capacity) -> dict |
                 schedule = _schedule(suite, system.name, ten.keys, capacity, o.seed * 10 + n)
                 say(f"{suite.key} {system.name}: {len(schedule)} requests over {suite.seconds:g} s")
                 answers = asyncio.run(driver.open_loop(schedule, suite.seconds))
-                results["runs"].append({"suite": suite.key, "system": system.name,
+                results["runs"].append({"suite": suite.key, "system": system.name, "seconds": suite.seconds,
                                         "answers": [asdict(a) for a in answers]})
                 outcome = render.Outcome(suite, system, answers, o.window)
                 say("  " + render.summary_table([outcome], capacity)[-1])
@@ -139,6 +140,16 @@ def _run(o: argparse.Namespace, plan: list[Suite], capacity: Capacity) -> dict |
     return results
 
 
+def merge(files: list[dict]) -> dict:
+    """Several runs' results as one: the first's capacity and settings, each (suite, system) from the last file
+    that ran it, the last burst, every header."""
+    out = {**files[0], "runs": [], "header": "\n\n".join(f["header"] for f in files)}
+    runs = {(r["suite"], r["system"]): r for f in files for r in f["runs"]}
+    out["runs"] = list(runs.values())
+    out["burst"] = next((f["burst"] for f in reversed(files) if f.get("burst")), [])
+    return out
+
+
 def _answers(rows: list[dict]) -> list[Answer]:
     return [Answer(**{**r, "progress": [tuple(p) for p in r["progress"]]}) for r in rows]
 
@@ -146,8 +157,9 @@ def _answers(rows: list[dict]) -> list[Answer]:
 def report(o: argparse.Namespace, plan: list[Suite], results: dict) -> str:
     capacity = Capacity(**results["capacity"])
     by_key = {(s.key, x.name): (s, x) for s in plan for x in s.systems}
-    outcomes = [render.Outcome(*by_key[r["suite"], r["system"]], _answers(r["answers"]), o.window)
-                for r in results["runs"] if (r["suite"], r["system"]) in by_key]
+    outcomes = [render.Outcome(replace(by_key[key][0], seconds=r.get("seconds", by_key[key][0].seconds)),
+                               by_key[key][1], _answers(r["answers"]), o.window)
+                for r in results["runs"] if (key := (r["suite"], r["system"])) in by_key]
     main = [x for x in outcomes if x.suite.key != "prio"]
     lines = [results["header"], "",
              f"Capacity: **{capacity.req_s:.2f} requests/s** of 128/64, {capacity.output_tok_s:.0f} output tok/s, "
@@ -177,7 +189,7 @@ def _write(path: Path, text: str) -> None:
 def main(argv: list[str]) -> int:
     o = _options(argv)
     if o.from_json:
-        results = json.loads(o.from_json.read_text())
+        results = merge([json.loads(path.read_text()) for path in o.from_json])
         o.duration, o.window, o.burst_budget = results["duration"], results["window"], results["burst_budget"]
     plan = _plan(o)
     if not o.from_json:

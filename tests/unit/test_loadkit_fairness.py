@@ -177,3 +177,16 @@ def test_answers_survive_the_results_file():
     from dataclasses import asdict
 
     assert _answers(json.loads(json.dumps([asdict(a)]))) == [a]
+
+
+def test_a_later_run_replaces_its_suites_in_the_report():
+    from loadkit.fairness.run import merge
+
+    first = {"header": "one", "capacity": {}, "runs": [{"suite": "s1", "system": "fair", "answers": [1]},
+                                                        {"suite": "prio", "system": "alone", "answers": [2]}],
+             "burst": [3]}
+    later = {"header": "two", "capacity": {}, "runs": [{"suite": "prio", "system": "alone", "answers": [4],
+                                                        "seconds": 90}], "burst": []}
+    merged = merge([first, later])
+    assert [r["answers"] for r in merged["runs"]] == [[1], [4]] and merged["runs"][1]["seconds"] == 90
+    assert merged["burst"] == [3] and merged["header"] == "one\n\ntwo"

@@ -50,8 +50,10 @@ class Figures:
         return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
-async def _stream(http: httpx.AsyncClient, key: str, body: dict) -> tuple[int, str, float | None, int]:
-    """(status, error code, seconds to the first content chunk, content chunks) of one streamed chat."""
+async def _stream(http: httpx.AsyncClient, key: str, body: dict, tally: Figures | None = None
+                  ) -> tuple[int, str, float | None, int]:
+    """(status, error code, seconds to the first content chunk, content chunks) of one streamed chat; each chunk
+    also counted in `tally.heavy_chunks` as it comes (a stream the round's end cuts counts what it had)."""
     started = time.monotonic()
     first, chunks = None, 0
     async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True},
@@ -65,6 +67,8 @@ async def _stream(http: httpx.AsyncClient, key: str, body: dict) -> tuple[int, s
         async for event in ChatStream(r).events():
             if delta_text(event):
                 chunks += 1
+                if tally is not None:
+                    tally.heavy_chunks += 1
                 first = first if first is not None else time.monotonic() - started
     return 200, "", first, chunks
 
@@ -82,10 +86,9 @@ async def _round(base: str, model: str, heavy_key: str, light_key: str, o: argpa
                     "messages": [{"role": "user", "content": f"Tell a long story about harbour {i}."}]}
             while time.monotonic() < stop_at:
                 try:
-                    status, code, _, chunks = await _stream(http, heavy_key, body)
+                    status, code, _, _ = await _stream(http, heavy_key, body, figures)
                 except httpx.HTTPError:
-                    status, code, chunks = 0, "transport", 0
-                figures.heavy_chunks += chunks
+                    status, code = 0, "transport"
                 if status != 200:
                     figures.heavy_refused[code or str(status)] += 1
                     await asyncio.sleep(0.05)

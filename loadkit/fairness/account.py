@@ -130,7 +130,7 @@ def largest_gap(service: dict[str, list[float]], backlog: dict[str, list[bool]])
 
 def output_tok_s(answers: list[Answer], duration: float) -> float:
     """Generated tokens delivered in [0, duration), per second."""
-    total, before = 0, {}
+    total, before = 0, dict[int, int]()
     for i, a in enumerate(answers):
         for t, generated in a.progress:
             if t < duration:

@@ -116,7 +116,8 @@ def arrivals(rate: float, duration: float, seed: int, on_off_s: float | None = N
     periods when `on_off_s` is given (a Poisson process restricted to them)."""
     if rate <= 0 or duration <= 0:
         return []
-    r, t, out = random.Random(seed), 0.0, []
+    r, t = random.Random(seed), 0.0
+    out: list[float] = []
     while True:
         t += r.expovariate(rate)
         if t >= duration:

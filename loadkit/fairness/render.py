@@ -65,7 +65,7 @@ def tenant_table(outcomes: list[Outcome]) -> list[str]:
             mine = o.of(c.name)
             answered = sum(1 for a in mine if a.status == 200)
             lines.append(
-                f"| {o.suite.key} | {o.system.name} | {c.name} ({c.weight:g}, {c.load:g}x"
+                f"| {o.suite.key} ({o.suite.seconds:g} s) | {o.system.name} | {c.name} ({c.weight:g}, {c.load:g}x"
                 f"{', batch' if c.name in o.system.batch else ''}) | {len(mine)} | {answered} | "
                 f"{_codes(account.refusals(mine))} | {account.first_token_text(mine)} | "
                 f"{account.output_tok_s(mine, o.suite.seconds):.0f} | "
@@ -75,18 +75,18 @@ def tenant_table(outcomes: list[Outcome]) -> list[str]:
 
 def summary_table(outcomes: list[Outcome], capacity: Capacity) -> list[str]:
     """A row per suite and system: throughput against first-come's, and the largest backlogged gap."""
-    lines = ["| suite | system | output tok/s | vs first-come | largest gap between backlogged tenants "
+    lines = ["| suite | system | length (s) | output tok/s | vs first-come | largest gap between backlogged tenants "
              "(weighted tokens) | in seconds of the whole replica | over (windows), largest in 1st / 2nd half |",
-             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    first_come = {o.suite.key: o.output_tok_s for o in outcomes if o.system.name == "first-come"}
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    first_come = {(o.suite.key, o.suite.seconds): o.output_tok_s for o in outcomes if o.system.name == "first-come"}
     for o in outcomes:
-        base = first_come.get(o.suite.key) or 0
+        base = first_come.get((o.suite.key, o.suite.seconds)) or 0  # only a run of the same length compares
         ratio = f"{o.output_tok_s / base:.2f}x" if base else "-"
         g = o.gap
         stretch = (f"{g.pair[0]}-{g.pair[1]} over {g.windows}: {g.first_half:.0f} / {g.second_half:.0f}"
                    if g.windows else "never both backlogged")
-        lines.append(f"| {o.suite.key} | {o.system.name} | {o.output_tok_s:.0f} | {ratio} | {g.largest:.0f} | "
-                     f"{g.largest / capacity.service_s:.1f} | {stretch} |")
+        lines.append(f"| {o.suite.key} | {o.system.name} | {o.suite.seconds:g} | {o.output_tok_s:.0f} | {ratio} | "
+                     f"{g.largest:.0f} | {g.largest / capacity.service_s:.1f} | {stretch} |")
     return lines
 
 

@@ -163,7 +163,8 @@ def report(o: argparse.Namespace, plan: list[Suite], results: dict) -> str:
     main = [x for x in outcomes if x.suite.key != "prio"]
     lines = [results["header"], "",
              f"Capacity: **{capacity.req_s:.2f} requests/s** of 128/64, {capacity.output_tok_s:.0f} output tok/s, "
-             f"{capacity.service_s:.0f} VTC units/s (prompt + 2 x generated).", "",
+             f"{capacity.service_s:.0f} VTC units/s (prompt + 2 x generated); by its output alone "
+             f"{capacity.output_tok_s / DEFAULT.output:.2f} requests/s.", "",
              *(f"- {s.key}: {s.title}" for s in plan), "",
              *render.summary_table(main, capacity), "", *render.tenant_table(outcomes)]
     if any(x.suite.key == "s3" for x in outcomes):
@@ -186,31 +187,41 @@ def _write(path: Path, text: str) -> None:
     write_section(path, DOC, text)
 
 
+def _live(o: argparse.Namespace, plan: list[Suite], argv: list[str]) -> dict | None:
+    """The capacity, every run, and the facts of where they ran; saved in the work folder."""
+    o.work_dir.mkdir(parents=True, exist_ok=True)
+    capacity = _measure(o)
+    if capacity is None:
+        return None
+    say(f"capacity: {capacity.req_s:.2f} req/s, {capacity.output_tok_s:.0f} output tok/s")
+    results = _run(o, plan, capacity)
+    if results is None:
+        return None
+    facts = machine()
+    results.update(capacity=asdict(capacity), duration=o.duration, window=o.window, burst_budget=o.burst_budget)
+    results["header"] = (
+        f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command_line('fairness', argv)}`, "
+        f"commit {git_commit(REPO).text}; vLLM {vllm_version()}; {facts.cpu_text}, {facts.memory_gib} GiB. "
+        f"One replica at the default config ({o.config.name}); each suite under each system for its length, "
+        f"the same Poisson arrivals for every system; windows of {o.window:g} s.")
+    saved = o.work_dir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    saved.write_text(json.dumps(results))
+    say(f"saved {saved}")
+    return results
+
+
 def main(argv: list[str]) -> int:
     o = _options(argv)
     if o.from_json:
-        results = merge([json.loads(path.read_text()) for path in o.from_json])
+        results: dict | None = merge([json.loads(path.read_text()) for path in o.from_json])
+        assert results is not None
         o.duration, o.window, o.burst_budget = results["duration"], results["window"], results["burst_budget"]
-    plan = _plan(o)
-    if not o.from_json:
-        o.work_dir.mkdir(parents=True, exist_ok=True)
-        capacity = _measure(o)
-        if capacity is None:
-            return 1
-        say(f"capacity: {capacity.req_s:.2f} req/s, {capacity.output_tok_s:.0f} output tok/s")
-        results = _run(o, plan, capacity)
-        if results is None:
-            return 1
-        facts = machine()
-        results.update(capacity=asdict(capacity), duration=o.duration, window=o.window, burst_budget=o.burst_budget)
-        results["header"] = (
-            f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command_line('fairness', argv)}`, "
-            f"commit {git_commit(REPO).text}; vLLM {vllm_version()}; {facts.cpu_text}, {facts.memory_gib} GiB. "
-            f"One replica at the default config ({o.config.name}); each suite under each system for its length, "
-            f"the same Poisson arrivals for every system; windows of {o.window:g} s.")
-        saved = o.work_dir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        saved.write_text(json.dumps(results))
-        say(f"saved {saved}")
+        plan = _plan(o)
+    else:
+        plan = _plan(o)
+        results = _live(o, plan, argv)
+    if results is None:
+        return 1
     text = report(o, plan, results)
     print(text)
     if o.output != "-":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
@@ -140,9 +141,13 @@ def _outcomes():
 def test_tables():
     outcomes = _outcomes()
     summary = render.summary_table(outcomes, CAP)
-    assert summary[2].startswith("| s1 | first-come | 1 | 1.00x |") and "| 0.90x |" not in summary[3]
+    assert summary[2].startswith("| s1 | first-come | 10 | 1 | 1.00x |") and "| 0.90x |" not in summary[3]
+    longer = render.Outcome(replace(outcomes[1].suite, seconds=20), outcomes[1].system, outcomes[1].answers, 5.0)
+    # only runs of the same length compare
+    assert "| s1 | fair | 20 | 0 | - |" in render.summary_table([outcomes[0], longer], CAP)[3]
     tenants = render.tenant_table(outcomes)
-    assert tenants[3].startswith("| s1 | first-come | B (1, 1.5x) | 3 | 1 | 1 (over_time_target 1) | 2.00 / 2.00 | 0 |")
+    assert tenants[3].startswith(
+        "| s1 (10 s) | first-come | B (1, 1.5x) | 3 | 1 | 1 (over_time_target 1) | 2.00 / 2.00 | 0 |")
     assert all(line.count("|") == tenants[0].count("|") for line in tenants)
     windows = render.window_table(outcomes, "s1")
     assert windows[0] == "| system | tenant | 0-5 s | 5-10 s |" and len(windows) == 2 + 4

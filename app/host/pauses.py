@@ -24,7 +24,7 @@ distribution (app/engine/continuation.py). Other requests run to their end as be
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
@@ -74,6 +74,24 @@ async def _relayed(relay: _Relay) -> AsyncGenerator[GenerationDelta, None]:
         await to_completion(asyncio.gather(task, return_exceptions=True), ABORT_TIMEOUT_S)
 
 
+async def side_by_side(runs: list[Coroutine[Any, Any, None]], stop: asyncio.Event) -> None:
+    """Runs `runs` together until they all end or `stop` is set, then cancels what is left (closing an engine stream
+    aborts its request) and waits for it; an error in one (an engine error) ends them all and is raised."""
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        pending: set[asyncio.Future[Any]] = {*tasks, waiter}
+        while pending - {waiter} and not stop.is_set():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+    finally:
+        waiter.cancel()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _Relay:
     """One pausable request's engine streams, from its first to its last, into `out`."""
 
@@ -108,19 +126,7 @@ class _Relay:
         were paused, or None when they ended."""
         why: list[str] = []
         paused = asyncio.Event()
-        tasks = [asyncio.ensure_future(self._one(r, index, why, paused)) for r, index in runs]
-        waiter = asyncio.ensure_future(paused.wait())
-        try:
-            pending: set[asyncio.Future[Any]] = {*tasks, waiter}
-            while pending - {waiter} and not paused.is_set():
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    t.result()  # an engine error ends the request
-        finally:
-            waiter.cancel()
-            for t in tasks:
-                t.cancel()  # closing a stream aborts its engine request
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await side_by_side([self._one(r, index, why, paused) for r, index in runs], paused)
         return why[0] if why else None
 
     async def _one(self, run: GenerateRequest, index: int | None, why: list[str], paused: asyncio.Event) -> None:

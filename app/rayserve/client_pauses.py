@@ -25,7 +25,7 @@ from app.engine.client import ClientReading
 from app.engine.continuation import Continuation
 from app.engine.interface import ChoiceDelta, GenerateRequest, GenerationDelta
 from app.errors import RequestTimeout
-from app.host.pauses import LOOK_AGAIN_S, NOT_READING_S
+from app.host.pauses import LOOK_AGAIN_S, NOT_READING_S, side_by_side
 
 Streamer = Callable[[GenerateRequest], AsyncGenerator[Any, None]]
 _END = object()
@@ -77,19 +77,7 @@ class _Relay:
         """Runs `runs` (the first request, or one continuation per unfinished choice) side by side until they end
         (False) or their client stops reading (True: all of them closed)."""
         stop = asyncio.Event()
-        tasks = [asyncio.ensure_future(self._one(run, index, stop)) for run, index in runs]
-        waiter = asyncio.ensure_future(stop.wait())
-        try:
-            pending: set[asyncio.Future[Any]] = {*tasks, waiter}
-            while pending - {waiter} and not stop.is_set():
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    t.result()  # an error ends the request (a lost replica was already retried below)
-        finally:
-            waiter.cancel()
-            for t in tasks:
-                t.cancel()  # closing a stream cancels its remote call: the engine request is aborted
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await side_by_side([self._one(run, index, stop) for run, index in runs], stop)
         return stop.is_set()
 
     async def _one(self, run: GenerateRequest, index: int | None, stop: asyncio.Event) -> None:

@@ -53,8 +53,10 @@ def replica(request, tmp_path):
 
 def test_the_engine_core_is_found_under_its_replica_titled_or_not(replica):
     process, engine_pid, title = replica
-    if title:  # the title is set once the child runs: waited for, as a real engine sets it after its imports
-        wait_until(lambda: title in " ".join(psutil.Process(engine_pid).cmdline()), timeout_s=30)
+    # Waited for: the child's own command line (multiprocessing's spawn entry) once it has exec'd, on a loaded machine
+    # not yet at the first look; its title once it runs, as a real engine sets it after its imports.
+    shown = title or "spawn_main"
+    wait_until(lambda: shown in " ".join(psutil.Process(engine_pid).cmdline()), timeout_s=30)
     core = engine_core_of(process)
     assert core is not None and core.pid == engine_pid
     assert role_of(core, root_pid=None) == "vLLM EngineCore"

@@ -216,6 +216,7 @@ class Admission:
         assert ticket.state == RESERVED, ticket.state
         ticket.tokens, ticket.prompt_tokens, ticket.max_steps = tokens, prompt_tokens, max_steps
         self._refuse_late(ticket, targets)
+        self._waiting.arrived(ticket.tenant)
         if not self._waiting and self._fits(ticket):
             self._start(ticket)
             return

@@ -2,10 +2,13 @@
 
 Virtual token counters (VTC, "Fairness in Serving Large Language Models", OSDI '24): each tenant's counter is the
 service it has had here, in weighted tokens (prompt 1, each generated token 2, as VTC weighs them) divided by its
-weight. The next request admitted is the head of the waiting tenant with the lowest counter; a tenant that arrives
-with nothing in the system starts at the lowest counter of those that have something in it, so idle time earns no
-credit and a newcomer cannot starve the others either. Within a tenant, arrival order. A lone tenant gets the whole
-replica: the queue is work-conserving. The `batch` priority class waits behind every interactive tenant.
+weight. The next request admitted is the head of the waiting tenant with the lowest counter. A request that arrives
+while its tenant has nothing waiting lifts that tenant's counter to the lowest of the tenants that wait (none
+waiting: to the counter of the tenant admitted last), as VTC does: a tenant earns no credit while it is not
+backlogged, not even while its earlier requests run, so it cannot later spend credit starving the others (measured:
+lifting only tenants with nothing in the system let long streams starve a backlogged tenant for 30 s, docs/tenants.md).
+Within a tenant, arrival order. A lone tenant gets the whole replica: the queue is work-conserving. The `batch`
+priority class waits behind every interactive tenant.
 
 When the replica is full, `over_share` names the waiting request to refuse so that a newcomer can have its place: the
 newest of the tenant holding the most places per weight (batch first), if it would still hold more than the newcomer's
@@ -47,15 +50,19 @@ class FairQueue(Generic[W]):
         self._in_system: Counter[str] = Counter()
         self._turn: dict[str, int] = {}  # when each tenant in the system last had a request admitted
         self._turns = 0
+        self._last_started = ""  # the tenant admitted last: the floor while nobody waits
         self._len = 0
 
     # -- tenants in the system ---------------------------------------------
 
     def entered(self, tenant: Tenant) -> None:
         """A request of `tenant` holds a place in the system (reserved, waiting or running)."""
-        if not self._in_system[tenant.name]:
-            self._counter[tenant.name] = self._lifted(tenant.name)
         self._in_system[tenant.name] += 1
+
+    def arrived(self, tenant: Tenant) -> None:
+        """A request of `tenant` is about to wait or start: a tenant with nothing waiting is lifted to the floor."""
+        if tenant.name not in self._queues:
+            self._counter[tenant.name] = self._lifted(tenant.name)
 
     def left(self, tenant: Tenant) -> None:
         self._in_system[tenant.name] -= 1
@@ -64,14 +71,16 @@ class FairQueue(Generic[W]):
             self._turn.pop(tenant.name, None)
             if not self._in_system:
                 self._counter.clear()  # nobody to be fair against: the next contention starts even
-                self._turns = 0
-            elif self._counter.get(tenant.name, 0.0) <= self._floor() or len(self._counter) > REMEMBERED:
+                self._turns, self._last_started = 0, ""
+            elif tenant.name != self._last_started and (self._counter.get(tenant.name, 0.0) <= self._floor()
+                                                        or len(self._counter) > REMEMBERED):
                 self._counter.pop(tenant.name, None)  # it would be lifted to the floor on return anyway
 
     def started(self, tenant: Tenant, prompt_tokens: int) -> None:
         """A request of `tenant` admitted to the engine: its prompt charged, its turn taken."""
         self._turns += 1
         self._turn[tenant.name] = self._turns
+        self._last_started = tenant.name
         self.charge(tenant, prompt_tokens=prompt_tokens)
 
     def charge(self, tenant: Tenant, prompt_tokens: int = 0, generated: int = 0) -> None:
@@ -80,10 +89,13 @@ class FairQueue(Generic[W]):
                                       + (prompt_tokens + OUTPUT_WEIGHT * generated) / tenant.weight)
 
     def counter(self, tenant: Tenant) -> float:
-        return self._counter[tenant.name] if self._in_system[tenant.name] else self._lifted(tenant.name)
+        """`tenant`'s counter as its next request would find it (lifted if it has nothing waiting)."""
+        return self._counter.get(tenant.name, 0.0) if tenant.name in self._queues else self._lifted(tenant.name)
 
     def _floor(self) -> float:
-        return min((self._counter.get(t, 0.0) for t in self._in_system), default=0.0)
+        if self._queues:
+            return min(self._counter.get(t, 0.0) for t in self._queues)
+        return self._counter.get(self._last_started, 0.0)
 
     def _lifted(self, name: str) -> float:
         return max(self._counter.get(name, 0.0), self._floor())

@@ -107,19 +107,40 @@ def test_the_least_served_waiting_tenant_goes_first_and_one_tenant_is_fifo():
     assert q.pop_head() is a1 and q.pop_head() is a2 and q.pop_head() is b1 and not q
 
 
-def test_a_tenant_arriving_starts_at_the_least_served_in_the_system_so_idle_time_earns_nothing():
+def test_a_tenant_arriving_starts_at_the_least_served_so_idle_time_earns_nothing():
     q: FairQueue[Item] = FairQueue()
-    q.entered(A)
-    q.charge(A, prompt_tokens=1000)
-    q.entered(B)
-    assert q.counter(B) == q.counter(A) == 1000
-    q.entered(C)
+    q.entered(A), q.arrived(A)
+    q.started(A, prompt_tokens=1000)
+    q.entered(B), q.arrived(B)
+    assert q.counter(B) == q.counter(A) == 1000  # nobody waits: level with the tenant admitted last
+    q.append(Item(B))
     q.charge(B, prompt_tokens=10)
+    q.entered(C), q.arrived(C)
+    assert q.counter(C) == 1010  # level with the least served of those waiting
     q.left(A)
-    assert q.counter(A) == 1000  # remembered: it cannot come back with credit
+    assert q.counter(A) == 1010  # not below the floor: it cannot come back with credit
     q.left(B), q.left(C)
-    q.entered(A)
+    q.entered(A), q.arrived(A)
     assert q.counter(A) == 0  # the system emptied: the next contention starts even
+
+
+def test_a_tenant_whose_requests_run_but_none_waits_earns_no_credit_against_a_backlogged_one():
+    """VTC's rule, not "nothing in the system": A's long streams keep running while B, backlogged, is served; A's
+    next request starts level with B instead of spending the credit it built meanwhile starving B."""
+    q: FairQueue[Item] = FairQueue()
+    q.entered(A), q.arrived(A)
+    q.started(A, prompt_tokens=10)  # A's stream runs on and on
+    b1, b2 = Item(B), Item(B)
+    for item in (b1, b2):
+        q.entered(B), q.arrived(B), q.append(item)
+    q.charge(B, prompt_tokens=5000)  # B served meanwhile
+    a2 = Item(A)
+    q.entered(A), q.arrived(A), q.append(a2)
+    assert q.counter(A) == q.counter(B) == 5010
+    q.charge(A, generated=1)  # from here, the least served goes first
+    assert q.head() is b1
+    q.arrived(A)  # another of A's while A already waits: no lift
+    assert q.counter(A) == 5012
 
 
 def test_weights_divide_the_service_counted():

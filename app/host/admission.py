@@ -45,11 +45,10 @@ class Admission:
         self._in_system = 0  # reserved, waiting or running: what `max_running + max_queued` bounds
         self._aside = 0  # out of the engine while their clients do not read (host/pauses.py)
         self._waiting: FairQueue[Ticket] = FairQueue()  # fair between tenants (host/fair_queue.py)
-        self._slots: Slots[Ticket] = Slots()  # who is in the engine (host/slots.py)
+        self._slots: Slots[Ticket] = Slots(self._waiting.served)  # who is in the engine (host/slots.py)
         self._refused_full = self._refused_timeout = self._refused_time = self._peak_waiting = 0
         self._last_prediction: Prediction | None = None
-        self._mean_run_s = 1.0  # moving average of time in the engine, for Retry-After
-        self._swept_at = 0.0
+        self._mean_run_s, self._swept_at = 1.0, 0.0  # a moving average of time in the engine, for Retry-After
         self._closed_reason: str | None = None
         self.demand = DemandMeter()  # for the autoscaling policy (host/replica_load.scaling_figures)
 
@@ -144,7 +143,7 @@ class Admission:
         (`ttft_target_s: null` and none asked for) admission is by count alone, as configured."""
         if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
             return None
-        running = (t.work(now) for t in self._slots.for_newcomer(tenant))  # less one that will yield to it
+        running = (t.work(now) for t in self._slots.for_newcomer(tenant, self._waiting.counter(tenant)))
         ahead = (t.work(now) for t in self._waiting.ahead_of(tenant))  # fair: only who goes first
         prediction = self.pace.predict(work, running, ahead, self.max_running)
         if prediction is None:
@@ -182,6 +181,7 @@ class Admission:
         self.demand.served(steps, now)
         ticket.last_output, ticket.resuming = now, False
         self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
+        self._ask_to_yield()  # served more now, a tenant may owe the waiting head a slot
 
     def _sweep(self, now: float, judged: bool) -> None:
         """Refuses, with `OverTimeTarget`, queued requests now predicted to miss what they wait for; their wait so
@@ -258,7 +258,7 @@ class Admission:
         """The waiting head cannot start: one running request at a time is asked to give it its slot."""
         head = self._waiting.head()
         if head is not None and not self._fits(head):
-            self._slots.ask_to_yield(head.tenant)
+            self._slots.ask_to_yield(head.tenant, self._waiting.counter(head.tenant))
 
     def _step_aside(self, ticket: Ticket) -> None:
         """Out of the engine and out of the count of places; its tenant's share still charged (host/pauses.py)."""

@@ -88,6 +88,10 @@ class FairQueue(Generic[W]):
         self._counter[tenant.name] = (self._counter.get(tenant.name, self._floor())
                                       + (prompt_tokens + OUTPUT_WEIGHT * generated) / tenant.weight)
 
+    def served(self, tenant: Tenant) -> float:
+        """`tenant`'s counter as it stands (0 for one unknown here)."""
+        return self._counter.get(tenant.name, 0.0)
+
     def counter(self, tenant: Tenant) -> float:
         """`tenant`'s counter as its next request would find it (lifted if it has nothing waiting)."""
         return self._counter.get(tenant.name, 0.0) if tenant.name in self._queues else self._lifted(tenant.name)

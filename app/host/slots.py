@@ -5,16 +5,18 @@ waits (app/host/fair_queue.py); without this, a tenant whose long streams hold e
 (a minute at 1,024 tokens on the CPU; docs/tenants.md), and a light tenant arriving then waits that long, or is refused
 by time, however fair the queue. So when the next waiting request cannot start, the newest pausable running request of
 the tenant holding the most slots per weight is asked to yield, if that tenant would still hold more than the waiting
-one's with the slot (batch before interactive, as places are given back in the fair queue). Slots are counted, not
-counters: a backlogged tenant's counter runs ahead of a newcomer's by design. One tenant never preempts itself, so a
-lone tenant runs first come, first served as before. The request asked pauses at its next output and resumes in place
-when its turn comes again (app/host/pauses.py).
+one's with the slot and has been served at least as much (the fair queue's counters; batch yields to interactive
+whatever was served). Both: slots alone let a tenant of short, prefill-heavy requests take a slot from long streams
+at every arrival while already served more (s4 in docs/tenants.md: 65 % of the service and 0.69x the output);
+counters alone would let a newcomer preempt until it held every slot. One tenant never preempts itself, so a lone
+tenant runs first come, first served as before. The request asked pauses at its next output and resumes in place when
+its turn comes again (app/host/pauses.py).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Generic, Protocol, TypeVar
 
 from app.tenancy import Tenant
@@ -40,23 +42,29 @@ def claim(tenant: Tenant, slots: int) -> tuple[bool, float]:
     return tenant.batch, slots / tenant.weight
 
 
-def to_yield(running: Collection[R], waiting: Tenant) -> R | None:
-    """The running request to pause so that `waiting`'s next request starts, or None."""
+Served = Callable[[Tenant], float]  # a tenant's service so far (the fair queue's counter)
+
+
+def to_yield(running: Collection[R], waiting: Tenant, waiting_served: float = 0.0,
+             served: Served = lambda tenant: 0.0) -> R | None:
+    """The running request to pause so that `waiting`'s next request (its tenant served `waiting_served`) starts."""
     held = Counter(r.tenant.name for r in running)
-    candidates = [r for r in running if r.pausable]
-    if not candidates:
-        return None
+    theirs = claim(waiting, held[waiting.name] + 1)
+
+    def gives_way(r: R) -> bool:
+        return (r.pausable and claim(r.tenant, held[r.tenant.name]) > theirs
+                and (r.tenant.batch > waiting.batch or served(r.tenant) >= waiting_served))
+
     # Among the most strongly held tenant's, the newest with output (one still in prefill notices only at its first).
-    victim = max(candidates, key=lambda r: (claim(r.tenant, held[r.tenant.name]), r.last_output > 0, r.started))
-    if claim(victim.tenant, held[victim.tenant.name]) > claim(waiting, held[waiting.name] + 1):
-        return victim
-    return None
+    return max(filter(gives_way, running), default=None,
+               key=lambda r: (claim(r.tenant, held[r.tenant.name]), r.last_output > 0, r.started))
 
 
 class Slots(Generic[R]):
     """The requests in the engine, the tokens they hold, and the one asked to yield (at most one at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, served: Served = lambda tenant: 0.0) -> None:
+        self.served = served
         self.held: set[R] = set()
         self.tokens_in_use = 0
         self.seqs = 0  # engine sequences: every choice of every request held
@@ -87,14 +95,14 @@ class Slots(Generic[R]):
         self.tokens_in_use -= item.tokens
         self.seqs -= max(1, item.choices)
 
-    def ask_to_yield(self, waiting: Tenant) -> None:
+    def ask_to_yield(self, waiting: Tenant, waiting_served: float) -> None:
         """Asks one running request to pause for `waiting`'s, unless one already has been."""
         if self.yielding is None:
-            self.yielding = to_yield(self.held, waiting)
+            self.yielding = to_yield(self.held, waiting, waiting_served, self.served)
             if self.yielding is not None:
                 self.yielding.yield_asked = True
 
-    def for_newcomer(self, tenant: Tenant) -> list[R]:
+    def for_newcomer(self, tenant: Tenant, served: float) -> list[R]:
         """The running requests a newcomer of `tenant` is predicted behind: not the one that will yield to it."""
-        victim = self.yielding or to_yield(self.held, tenant)
+        victim = self.yielding or to_yield(self.held, tenant, served, self.served)
         return [r for r in self.held if r is not victim]

@@ -73,6 +73,24 @@ async def test_one_tenant_never_pauses_itself_and_an_even_split_stays():
         task.cancel()
 
 
+async def test_a_tenant_holding_more_slots_but_served_less_keeps_them_until_it_has_been_served_as_much():
+    """s4 of docs/tenants.md: long streams of A against B's long prompts. B, already served more, waits for a slot
+    instead of taking one of A's; once A's outputs make it the more served, one of A's is asked to yield."""
+    adm = admission(max_running=4)
+    streams = [await running(adm, A) for _ in range(3)]  # A served 3 x (10 + 2)
+    heavy = adm.reserve(B)
+    await heavy.admit(1020, 30, prompt_tokens=1000, max_steps=20)  # B level with A at 36 on arrival, then 1036
+    heavy.produced(1)  # 1038; every slot held, three of them by A
+    _, task = waiting(adm, B)
+    await asyncio.sleep(0)
+    assert not any(t.yield_asked for t in streams) and not task.done()
+    streams[0].produced(500)  # A served 1036: still less
+    assert not any(t.yield_asked for t in streams)
+    streams[0].produced(1)  # A served 1038: as much as B
+    assert sum(t.yield_asked for t in streams) == 1
+    task.cancel()
+
+
 async def test_an_interactive_request_takes_a_slot_from_a_batch_one_even_when_it_holds_as_many():
     adm = admission(max_running=1)
     bulk = await running(adm, BATCH)

@@ -100,16 +100,14 @@ class Admission:
         victim = self._waiting.over_share(tenant)
         if victim is None:
             self._refused_full += 1
-            raise self._refusal(
-                f"Server is at capacity ({self.max_running} running, {self.max_queued} queued); "
-                "retry after the Retry-After delay, with backoff",
-                retry_after_s=self.retry_after_s(),
-            )
+            self._waiting.refused(tenant)
+            raise self._refusal(f"Server is at capacity ({self.max_running} running, {self.max_queued} queued); "
+                                "retry after the Retry-After delay, with backoff", retry_after_s=self.retry_after_s())
         return victim
 
     def _evict(self, ticket: Ticket) -> None:
         """`ticket` out of the queue and the system now (its release later gives back nothing more), refused."""
-        self._waiting.remove(ticket)
+        self._waiting.remove(ticket, refused=True)
         self._waiting.left(ticket.tenant)
         ticket.state = EVICTED
         self._in_system -= 1
@@ -160,6 +158,7 @@ class Admission:
             never = never_in_time(self.pace.predict(work, (), (), self.max_running), targets)
             if never is None:  # demand another replica could meet (the autoscaling policy's)
                 self.demand.refused(max_steps * self.pace.output_share, now)
+                self._waiting.refused(tenant)
             raise never or late
         return prediction
 
@@ -203,7 +202,7 @@ class Admission:
                              self.queue_timeout_s)
             if late is None:
                 continue
-            self._waiting.remove(ticket)
+            self._waiting.remove(ticket, refused=True)
             ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
             self._refused_time += 1
             self.demand.refused(ticket.max_steps * self.pace.output_share, now)

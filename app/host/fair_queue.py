@@ -7,6 +7,9 @@ while its tenant has nothing waiting lifts that tenant's counter to the lowest o
 waiting: to the counter of the tenant admitted last), as VTC does: a tenant earns no credit while it is not
 backlogged, not even while its earlier requests run, so it cannot later spend credit starving the others (measured:
 lifting only tenants with nothing in the system let long streams starve a backlogged tenant for 30 s, docs/tenants.md).
+A tenant refused since its last start is backlogged too, though nothing of its waits: VTC never refuses, and here
+refusals by time keep a tenant out of the queue, so lifting it would take from it the service it was refused (measured:
+the other tenant then had 65 % of the service in s4).
 Within a tenant, arrival order. A lone tenant gets the whole replica: the queue is work-conserving. The `batch`
 priority class waits behind every interactive tenant.
 
@@ -51,6 +54,7 @@ class FairQueue(Generic[W]):
         self._turn: dict[str, int] = {}  # when each tenant in the system last had a request admitted
         self._turns = 0
         self._last_started = ""  # the tenant admitted last: the floor while nobody waits
+        self._wanting: set[str] = set()  # tenants refused since their last start: backlogged, never lifted
         self._len = 0
 
     # -- tenants in the system ---------------------------------------------
@@ -61,8 +65,14 @@ class FairQueue(Generic[W]):
 
     def arrived(self, tenant: Tenant) -> None:
         """A request of `tenant` is about to wait or start: a tenant with nothing waiting is lifted to the floor."""
-        if tenant.name not in self._queues:
+        if tenant.name not in self._queues and tenant.name not in self._wanting:
             self._counter[tenant.name] = self._lifted(tenant.name)
+
+    def refused(self, tenant: Tenant) -> None:
+        """A request of `tenant` refused for want of room or time: the tenant still wants service (backlogged from
+        here as if it waited: lifted now if it was not already)."""
+        self.arrived(tenant)
+        self._wanting.add(tenant.name)
 
     def left(self, tenant: Tenant) -> None:
         self._in_system[tenant.name] -= 1
@@ -72,6 +82,7 @@ class FairQueue(Generic[W]):
             if not self._in_system:
                 self._counter.clear()  # nobody to be fair against: the next contention starts even
                 self._turns, self._last_started = 0, ""
+                self._wanting.clear()
             elif tenant.name != self._last_started and (self._counter.get(tenant.name, 0.0) <= self._floor()
                                                         or len(self._counter) > REMEMBERED):
                 self._counter.pop(tenant.name, None)  # it would be lifted to the floor on return anyway
@@ -81,6 +92,7 @@ class FairQueue(Generic[W]):
         self._turns += 1
         self._turn[tenant.name] = self._turns
         self._last_started = tenant.name
+        self._wanting.discard(tenant.name)
         self.charge(tenant, prompt_tokens=prompt_tokens)
 
     def charge(self, tenant: Tenant, prompt_tokens: int = 0, generated: int = 0) -> None:
@@ -94,7 +106,8 @@ class FairQueue(Generic[W]):
 
     def counter(self, tenant: Tenant) -> float:
         """`tenant`'s counter as its next request would find it (lifted if it has nothing waiting)."""
-        return self._counter.get(tenant.name, 0.0) if tenant.name in self._queues else self._lifted(tenant.name)
+        backlogged = tenant.name in self._queues or tenant.name in self._wanting
+        return self._counter.get(tenant.name, 0.0) if backlogged else self._lifted(tenant.name)
 
     def _floor(self) -> float:
         if self._queues:
@@ -118,7 +131,9 @@ class FairQueue(Generic[W]):
         self._queues.setdefault(item.tenant.name, deque()).appendleft(item)
         self._len += 1
 
-    def remove(self, item: W) -> None:
+    def remove(self, item: W, refused: bool = False) -> None:
+        if refused:
+            self.refused(item.tenant)
         queue = self._queues[item.tenant.name]
         queue.remove(item)
         self._len -= 1

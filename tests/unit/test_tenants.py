@@ -455,3 +455,22 @@ async def test_admission_by_time_predicts_a_light_tenant_behind_its_turn_not_beh
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_refused_tenant_stays_backlogged_and_is_not_lifted_again_until_it_starts():
+    """Refusals by time keep a tenant out of the queue; lifting it at each arrival would take from it the service it
+    was refused (s4 in docs/tenants.md: the other tenant then had 65 % of the service)."""
+    q: FairQueue[Item] = FairQueue()
+    q.entered(A), q.arrived(A)
+    q.started(A, prompt_tokens=10)  # A's long stream runs on
+    q.entered(B), q.arrived(B), q.append(Item(B))
+    q.refused(A)  # A becomes backlogged: lifted once, level with B
+    assert q.counter(A) == q.counter(B) == 10
+    q.charge(B, prompt_tokens=1000)
+    q.entered(A), q.arrived(A)  # admitted at last, while B waits served more
+    assert q.counter(A) == 10
+    q.append(Item(A))
+    assert q.pop_head().tenant is A
+    q.started(A, prompt_tokens=10)
+    q.arrived(A)  # served again and nothing waiting: lifted as VTC lifts
+    assert q.counter(A) == q.counter(B) == 1010

@@ -7,9 +7,9 @@ while its tenant has nothing waiting lifts that tenant's counter to the lowest o
 waiting: to the counter of the tenant admitted last), as VTC does: a tenant earns no credit while it is not
 backlogged, not even while its earlier requests run, so it cannot later spend credit starving the others (measured:
 lifting only tenants with nothing in the system let long streams starve a backlogged tenant for 30 s, docs/tenants.md).
-A tenant refused since its last start is backlogged too, though nothing of its waits: VTC never refuses, and here
-refusals by time keep a tenant out of the queue, so lifting it would take from it the service it was refused (measured:
-the other tenant then had 65 % of the service in s4).
+A tenant refused while it has anything in the system is backlogged too, though nothing of its waits: VTC never
+refuses, and here refusals by time keep a tenant out of the queue, so lifting it would take from it the service it
+was refused (measured: lifting it at each admitted arrival gave the other tenant 65 % of the service in s4).
 Within a tenant, arrival order. A lone tenant gets the whole replica: the queue is work-conserving. The `batch`
 priority class waits behind every interactive tenant.
 
@@ -54,7 +54,7 @@ class FairQueue(Generic[W]):
         self._turn: dict[str, int] = {}  # when each tenant in the system last had a request admitted
         self._turns = 0
         self._last_started = ""  # the tenant admitted last: the floor while nobody waits
-        self._wanting: set[str] = set()  # tenants refused since their last start: backlogged, never lifted
+        self._wanting: set[str] = set()  # tenants refused while in the system: backlogged, never lifted
         self._len = 0
 
     # -- tenants in the system ---------------------------------------------
@@ -70,19 +70,20 @@ class FairQueue(Generic[W]):
 
     def refused(self, tenant: Tenant) -> None:
         """A request of `tenant` refused for want of room or time: the tenant still wants service (backlogged from
-        here as if it waited: lifted now if it was not already)."""
-        self.arrived(tenant)
-        self._wanting.add(tenant.name)
+        here as if it waited: lifted now if it was not already), while it holds anything in the system."""
+        if self._in_system[tenant.name]:
+            self.arrived(tenant)
+            self._wanting.add(tenant.name)
 
     def left(self, tenant: Tenant) -> None:
         self._in_system[tenant.name] -= 1
         if self._in_system[tenant.name] <= 0:
             del self._in_system[tenant.name]
             self._turn.pop(tenant.name, None)
+            self._wanting.discard(tenant.name)
             if not self._in_system:
                 self._counter.clear()  # nobody to be fair against: the next contention starts even
                 self._turns, self._last_started = 0, ""
-                self._wanting.clear()
             elif tenant.name != self._last_started and (self._counter.get(tenant.name, 0.0) <= self._floor()
                                                         or len(self._counter) > REMEMBERED):
                 self._counter.pop(tenant.name, None)  # it would be lifted to the floor on return anyway
@@ -92,7 +93,6 @@ class FairQueue(Generic[W]):
         self._turns += 1
         self._turn[tenant.name] = self._turns
         self._last_started = tenant.name
-        self._wanting.discard(tenant.name)
         self.charge(tenant, prompt_tokens=prompt_tokens)
 
     def charge(self, tenant: Tenant, prompt_tokens: int = 0, generated: int = 0) -> None:

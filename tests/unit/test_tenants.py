@@ -457,7 +457,7 @@ async def test_admission_by_time_predicts_a_light_tenant_behind_its_turn_not_beh
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def test_a_refused_tenant_stays_backlogged_and_is_not_lifted_again_until_it_starts():
+def test_a_refused_tenant_stays_backlogged_while_it_has_anything_in_the_system():
     """Refusals by time keep a tenant out of the queue; lifting it at each arrival would take from it the service it
     was refused (s4 in docs/tenants.md: the other tenant then had 65 % of the service)."""
     q: FairQueue[Item] = FairQueue()
@@ -472,5 +472,8 @@ def test_a_refused_tenant_stays_backlogged_and_is_not_lifted_again_until_it_star
     q.append(Item(A))
     assert q.pop_head().tenant is A
     q.started(A, prompt_tokens=10)
-    q.arrived(A)  # served again and nothing waiting: lifted as VTC lifts
+    q.arrived(A)  # nothing of A's waits, but its requests run: still backlogged
+    assert q.counter(A) == 20
+    q.left(A), q.left(A), q.left(A)  # A leaves the system
+    q.entered(A), q.arrived(A)  # and comes back: lifted
     assert q.counter(A) == q.counter(B) == 1010

@@ -104,15 +104,7 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
     stop.install()
     become_subreaper()
     started = time.monotonic()
-    if own_ray:
-        # Ray binds its servers (GCS, raylet, workers, agents) to the node IP; with this set before
-        # `import ray`, a local node's IP is loopback, so no Ray port is reachable from the network.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        for name, value in QUIET_PRIVATE_RAY.items():
-            os.environ.setdefault(name, value)
-        os.environ.update(SECURE_PRIVATE_RAY)  # not overridable: an inherited RAY_AUTH_MODE=disabled must not win
-    # Ray folds log lines it deems similar into "[repeated Nx]"; per-request JSON lines must all get through.
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    _ray_environment(own_ray)
     import ray
 
     # On our own single-node Ray the one replica answering all HTTP (the engine replica of a single-replica
@@ -124,34 +116,7 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
         stop.install()  # ray.init may have installed its own handlers
         if not deploy(config, listen):
             return 1
-        local = "127.0.0.1" if config.service.host in ("0.0.0.0", "::") else config.service.host
-        failed = DeployFailure()
-        if wait_healthy(
-            f"http://{local}:{config.service.port}",
-            startup_timeout_s,
-            gave_up=lambda: stop.event.is_set() or failed.seen(),
-            pause=stop.event.wait,
-        ):
-            keys = len(Tenants(config.with_resolved_keys()).keys.digests)
-            say(
-                f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:"
-                f"{config.service.port}/v1 (ready in {time.monotonic() - started:.0f} s; HTTP answered by "
-                f"{'the replica itself' if listen else 'the Serve proxy'}; "
-                f"{f'authentication on, {keys} key(s)' if keys else 'authentication OFF'}); Ctrl-C to stop"
-            )
-            while not stop.event.wait(2.0):
-                reap_zombies()
-        elif failed.message:
-            say(f"the deployment failed, Serve gave up on it: {failed.message}")
-            serve_shutdown_quietly()
-            return 1
-        elif not stop.event.is_set():
-            say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
-            return 1
-        signum = stop.received[0] if stop.received else "-"
-        say(f"stopping (signal {signum}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
-        drain_and_stop(config)
-        return 0
+        return _serve_until_stopped(config, stop, listen, started, startup_timeout_s)
     finally:
         if own_ray:
             try:
@@ -159,6 +124,52 @@ def serve_command(config_path: Path, startup_timeout_s: float, via_serve_proxy: 
             finally:
                 n = kill_descendants()
                 say(f"stopped; {n} leftover process(es) reaped" if n else "stopped; no process left behind")
+
+
+def _ray_environment(own_ray: bool) -> None:
+    """What Ray must find in the environment before it is imported."""
+    if own_ray:
+        # Ray binds its servers (GCS, raylet, workers, agents) to the node IP; with this set before
+        # `import ray`, a local node's IP is loopback, so no Ray port is reachable from the network.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        for name, value in QUIET_PRIVATE_RAY.items():
+            os.environ.setdefault(name, value)
+        os.environ.update(SECURE_PRIVATE_RAY)  # not overridable: an inherited RAY_AUTH_MODE=disabled must not win
+    # Ray folds log lines it deems similar into "[repeated Nx]"; per-request JSON lines must all get through.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def _serve_until_stopped(config: AppConfig, stop: _Stop, listen: bool, started: float,
+                         startup_timeout_s: float) -> int:
+    """Deployed: wait until healthy, serve until a signal, then drain and stop Serve (the exit status)."""
+    local = "127.0.0.1" if config.service.host in ("0.0.0.0", "::") else config.service.host
+    failed = DeployFailure()
+    if wait_healthy(
+        f"http://{local}:{config.service.port}",
+        startup_timeout_s,
+        gave_up=lambda: stop.event.is_set() or failed.seen(),
+        pause=stop.event.wait,
+    ):
+        keys = len(Tenants(config.with_resolved_keys()).keys.digests)
+        say(
+            f"serving {', '.join(m.id for m in config.models)} at http://{config.service.host}:"
+            f"{config.service.port}/v1 (ready in {time.monotonic() - started:.0f} s; HTTP answered by "
+            f"{'the replica itself' if listen else 'the Serve proxy'}; "
+            f"{f'authentication on, {keys} key(s)' if keys else 'authentication OFF'}); Ctrl-C to stop"
+        )
+        while not stop.event.wait(2.0):
+            reap_zombies()
+    elif failed.message:
+        say(f"the deployment failed, Serve gave up on it: {failed.message}")
+        serve_shutdown_quietly()
+        return 1
+    elif not stop.event.is_set():
+        say(f"the service did not become healthy within {startup_timeout_s:.0f} s; stopping")
+        return 1
+    signum = stop.received[0] if stop.received else "-"
+    say(f"stopping (signal {signum}): draining requests in flight, up to {config.service.drain_grace_s:.0f} s")
+    drain_and_stop(config)
+    return 0
 
 
 def engine_setup_here(model: ModelConfig) -> str:

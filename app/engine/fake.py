@@ -43,8 +43,10 @@ from app.engine.fake_model import (
     auto_call,
     calls_text,
     check_params,
+    check_schema,
     float32,
     prompt_logprobs,
+    token_logprobs,
 )
 from app.engine.fake_waits import EngineWaits
 from app.engine.interface import (
@@ -54,12 +56,10 @@ from app.engine.interface import (
     EngineRejected,
     GenerationDelta,
     GenerationParams,
-    TokenLogprob,
     ToolCallDelta,
 )
 from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
 from app.engine.stop_strings import StopStrings
-from app.errors import InvalidRequest
 
 CACHE_BLOCK_TOKENS = 16  # vLLM's default block size (its CPU backend's is 128): its prefix cache hits whole blocks
 
@@ -160,15 +160,7 @@ class FakeEngine(EngineWaits):
     ) -> AsyncGenerator[GenerationDelta, None]:
         if self.dead:
             raise EngineDead("fake engine is dead")
-        if params.json_schema is not None:
-            try:
-                import jsonschema
-
-                jsonschema.Draft202012Validator.check_schema(params.json_schema)
-            except Exception as err:
-                if params.json_schema_param != "response_format":  # vLLM's engine names the tools the same way
-                    raise InvalidRequest(f"invalid JSON schema: {err}", param=params.json_schema_param) from None
-                raise EngineRejected(f"invalid JSON schema: {err}") from None
+        check_schema(params)
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
             raise EngineRejected("prompt plus max_tokens exceeds max_model_len")
         check_params(params)
@@ -192,37 +184,9 @@ class FakeEngine(EngineWaits):
                 await self._step()
                 choices = []
                 for i, words in enumerate(plans):
-                    if done[i]:
-                        continue
-                    token = words[step] if step < len(words) else ""
-                    matched = stops[i].add(token, 1)
-                    finish = None
-                    if matched is not None:
-                        finish = "stop"
-                    elif step + 1 >= planned.max_tokens:
-                        finish = "length"
-                    elif step + 1 >= len(words):
-                        finish = "stop"
-                    text = stops[i].release(finish is not None)
-                    logprobs = None
-                    if params.logprobs is not None:
-                        name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else token
-                        ids = params.logprob_token_ids or range(VOCAB_SIZE - 1, VOCAB_SIZE - 1 - params.logprobs, -1)
-                        top = tuple((f"token_id:{t}" if params.tokens_as_ids else self.decode([t])
-                                     if params.logprob_token_ids else f"alt{k}", -1.0 - k) for k, t in enumerate(ids))
-                        shown = len(ids) if params.logprob_token_ids else max(0, params.logprobs - 1)
-                        ranked = ((name, -0.5),) + top[:shown] if params.logprobs else ()
-                        logprobs = (TokenLogprob(name, -0.5, ranked, token if params.tokens_as_ids else None),)
-                    calls: tuple[ToolCallDelta, ...] = ()
-                    if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
-                        calls = (auto_call(params.auto_tools[0], i),)
-                    choices.append(
-                        ChoiceDelta(index=i, text=text, num_tokens=1, finish_reason=finish, logprobs=logprobs,
-                                    tool_calls=calls, stop_reason=matched,
-                                    token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
-                    )
-                    self._generated += 1
-                    done[i] = finish is not None
+                    if not done[i]:
+                        choices.append(self._choice(i, step, words, stops[i], planned))
+                        done[i] = choices[-1].finish_reason is not None
                 first = step == first_step
                 step += 1
                 yield GenerationDelta(choices=tuple(choices),
@@ -237,6 +201,26 @@ class FakeEngine(EngineWaits):
         finally:
             self.running.discard(request_id)
             self._changed()
+
+    def _choice(self, i: int, step: int, words: list[str], stops: StopStrings,
+                params: GenerationParams) -> ChoiceDelta:
+        """Choice `i`'s output at `step` (`params` with max_tokens counted from the continuation's start)."""
+        token = words[step] if step < len(words) else ""
+        matched = stops.add(token, 1)
+        finish = None
+        if matched is not None:
+            finish = "stop"
+        elif step + 1 >= params.max_tokens:
+            finish = "length"
+        elif step + 1 >= len(words):
+            finish = "stop"
+        calls: tuple[ToolCallDelta, ...] = ()
+        if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
+            calls = (auto_call(params.auto_tools[0], i),)
+        self._generated += 1
+        return ChoiceDelta(index=i, text=stops.release(finish is not None), num_tokens=1, finish_reason=finish,
+                           logprobs=token_logprobs(params, step, token, self.decode), tool_calls=calls,
+                           stop_reason=matched, token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
 
     @property
     def embedding_facts(self) -> EmbeddingFacts:

@@ -9,7 +9,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from app.engine.interface import GenerationParams, PromptTokenLogprob, ToolCallDelta
+from app.engine.interface import EngineRejected, GenerationParams, PromptTokenLogprob, TokenLogprob, ToolCallDelta
 from app.errors import InvalidRequest
 
 ANSWER = "This is a fake answer from the test engine."
@@ -60,6 +60,35 @@ def check_params(params: GenerationParams) -> None:
             f"min_tokens must be less than or equal to max_tokens={params.max_tokens}, got {params.min_tokens}.",
             param="min_tokens",
         )
+
+
+def check_schema(params: GenerationParams) -> None:
+    """A structured-output schema that is not a JSON schema: vLLM's engine refuses it, naming the tools' parameter
+    as the request's error and a response_format's as the engine's."""
+    if params.json_schema is None:
+        return
+    try:
+        import jsonschema
+
+        jsonschema.Draft202012Validator.check_schema(params.json_schema)
+    except Exception as err:
+        if params.json_schema_param != "response_format":
+            raise InvalidRequest(f"invalid JSON schema: {err}", param=params.json_schema_param) from None
+        raise EngineRejected(f"invalid JSON schema: {err}") from None
+
+
+def token_logprobs(params: GenerationParams, step: int, token: str,
+                   decode: Callable[[list[int]], str]) -> tuple[TokenLogprob, ...] | None:
+    """The sampled token at -0.5 and the `logprobs` others (or the ids asked for) below it, as vLLM ranks them."""
+    if params.logprobs is None:
+        return None
+    name = f"token_id:{step % VOCAB_SIZE}" if params.tokens_as_ids else token
+    ids = params.logprob_token_ids or range(VOCAB_SIZE - 1, VOCAB_SIZE - 1 - params.logprobs, -1)
+    top = tuple((f"token_id:{t}" if params.tokens_as_ids else decode([t])
+                 if params.logprob_token_ids else f"alt{k}", -1.0 - k) for k, t in enumerate(ids))
+    shown = len(ids) if params.logprob_token_ids else max(0, params.logprobs - 1)
+    ranked = ((name, -0.5),) + top[:shown] if params.logprobs else ()
+    return (TokenLogprob(name, -0.5, ranked, token if params.tokens_as_ids else None),)
 
 
 def prompt_logprobs(

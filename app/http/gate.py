@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -119,6 +119,23 @@ class Capacity:
             await stream.aclose()
 
 
+def _capped(receive: Receive, max_body_bytes: int, too_large: Callable[[], PayloadTooLarge]) -> Receive:
+    """`receive` that raises `too_large()` once the body read so far passes `max_body_bytes` (a body sent without
+    its length, or longer than it said)."""
+    received = 0
+
+    async def capped_receive() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_body_bytes:
+                raise too_large()
+        return message
+
+    return capped_receive
+
+
 def _tokens_of(item: object) -> int:
     if isinstance(item, Admitted):
         return item.prompt_tokens
@@ -149,11 +166,8 @@ class Gate:
         self.app = app
         self.capacity = capacity
         self.known_endpoints = known_endpoints  # the routes' own paths: anything else is 'other' in metrics and logs
-        self.max_header_bytes = max_header_bytes
-        self.metrics = metrics
-        self.echo_request_id = echo_request_id
-        self.tenants = tenants
-        self.max_body_bytes = max_body_bytes
+        self.max_header_bytes, self.max_body_bytes = max_header_bytes, max_body_bytes
+        self.metrics, self.echo_request_id, self.tenants = metrics, echo_request_id, tenants
         self.request_timeout_s = request_timeout_s
         self.loop_lag = LoopLagProbe(metrics.loop_lag) if watch_event_loop else None
         self.lifecycle = lifecycle
@@ -192,61 +206,65 @@ class Gate:
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 
-        if tenant is None and path not in OPEN_PATHS:
-            return await refuse(Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'"))
-        header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
-        if header_bytes > self.max_header_bytes:
-            return await refuse(
-                HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}")
-            )
-        if self.lifecycle.draining and path != "/livez":
-            return await refuse(
-                ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
-            )
+        if (err := self._refusal_at_door(scope, tenant, path)) is not None:
+            return await refuse(err)
         if (hold_s := self.pacing.hold_s(paced)) > 0:  # back on this connection before its Retry-After
             self.metrics.retries_held.inc()
             await asyncio.sleep(hold_s)
-        if path in CAPACITY_ENDPOINTS and tenant and (full := self.capacity.refusal_if_all_full(tenant)):
-            return await refuse(full)  # before reading or parsing the body: under overload most requests end here
+        if (err := self._refusal_before_body(tenant, path, headers.get(b"content-length", b""))):
+            return await refuse(err)  # under overload most requests end here, before their body is read
         limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None
         if limited is not None:
             try:
                 self.capacity.limits.admit_request(limited)  # its concurrency and request rate, before the body
             except TenantRateLimited as err:
                 return await refuse(err)
-        too_large = PayloadTooLarge(
-            f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller request"
-        )
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            return await refuse(too_large)
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise too_large
-            return message
-
         self.lifecycle.enter()
         try:
-            async with asyncio.timeout(self.request_timeout_s + DEADLINE_MARGIN_S):
-                await self.app(scope, limited_receive, send_with_id)
-        except TimeoutError:
-            if status == 0:  # nothing sent yet: the client still gets an answer
-                await error_response(RequestTimeout("The request ran past its time limit and was stopped"))(
-                    scope, receive, send_with_id
-                )
-            else:  # blocked writing to a client that does not read; the connection is closed after this
-                access_log.warning("request %s cut off past its time limit while writing its response", request_id)
+            await self._within_time_limit(scope, _capped(receive, self.max_body_bytes, self._too_large),
+                                          send_with_id, lambda: status, request_id)
         finally:
             self.lifecycle.leave()
             if limited is not None:
                 self.capacity.limits.done(limited)
             self._record(scope, status, started)
+
+    def _refusal_at_door(self, scope: Scope, tenant: Tenant | None, path: str) -> ServiceError | None:
+        """Who asks, how large its headers are, and whether the service still takes requests."""
+        if tenant is None and path not in OPEN_PATHS:
+            return Unauthorized("Missing or invalid API key; send 'Authorization: Bearer <key>'")
+        header_bytes = sum(len(k) + len(v) for k, v in scope.get("headers", ()))
+        if header_bytes > self.max_header_bytes:
+            return HeadersTooLarge(f"Request headers total {header_bytes} bytes; the limit is {self.max_header_bytes}")
+        if self.lifecycle.draining and path != "/livez":
+            return ServiceUnavailable("The service is shutting down; retry on another instance", retry_after_s=5)
+        return None
+
+    def _refusal_before_body(self, tenant: Tenant | None, path: str, length: bytes) -> ServiceError | None:
+        """Every model full for this tenant, or a body declared too large: refused without reading it."""
+        if path in CAPACITY_ENDPOINTS and tenant and (full := self.capacity.refusal_if_all_full(tenant)):
+            return full
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"Request body is larger than the {self.max_body_bytes}-byte limit; send a smaller "
+                               "request")
+
+    async def _within_time_limit(self, scope: Scope, receive: Receive, send: Send, status: Callable[[], int],
+                                 request_id: str) -> None:
+        """The route, stopped a margin past the request's own time limit (the host's 504 or error event comes
+        first): wherever it is blocked, typically writing to a client that does not read."""
+        try:
+            async with asyncio.timeout(self.request_timeout_s + DEADLINE_MARGIN_S):
+                await self.app(scope, receive, send)
+        except TimeoutError:
+            if status() == 0:  # nothing sent yet: the client still gets an answer
+                await error_response(RequestTimeout("The request ran past its time limit and was stopped"))(
+                    scope, receive, send)
+            else:  # blocked writing to a client that does not read; the connection is closed after this
+                access_log.warning("request %s cut off past its time limit while writing its response", request_id)
 
     def _record(self, scope: Scope, status: int, started: float) -> None:
         """One metric sample and one access-log line per request, when it ends."""

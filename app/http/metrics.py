@@ -117,68 +117,69 @@ class _Snapshot:
         self._retried = retried or {}
         self._migrated = migrated or {}
 
+    _GAUGES: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+        "app_queue_depth": (
+            "Requests waiting for an engine slot in the replica's admission queue.",
+            lambda s: s.admission.waiting,
+        ),
+        "app_requests_admitted": (
+            "Requests admitted into the engine by the replica.",
+            lambda s: s.admission.running,
+        ),
+        "app_token_budget_in_use": (
+            "prompt + max_tokens of admitted requests.",
+            lambda s: s.admission.tokens_in_use,
+        ),
+        "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s.admission.token_budget),
+        "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s.healthy else 0),
+        "vllm:num_requests_running": (
+            "Requests in the engine (vLLM's unfinished requests).",
+            lambda s: s.engine.running,
+        ),
+        "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
+        "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
+        "app_prefill_tokens_per_second": (
+            "Prompt tokens the engine prefills per second, as the replica measured it (NaN: not yet).",
+            lambda s: or_nan(s.pace.prefill_tokens_per_s),
+        ),
+        "app_decode_seconds_per_token": (
+            "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
+            lambda s: or_nan(s.pace.decode_s_per_token),
+        ),
+        "app_predicted_time_to_first_token_seconds": (
+            "The latest arrival's predicted time to its first token (NaN: not yet predicted).",
+            lambda s: or_nan(s.admission.predicted_first_token_s),
+        ),
+    }
+    _COUNTERS: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
+        "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
+        "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
+        "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
+        "vllm:prefix_cache_queries": (
+            "Prompt tokens looked up in the engine's prefix cache.",
+            lambda s: s.engine.prefix_cache_queries_total,
+        ),
+        "vllm:prefix_cache_hits": (
+            "Prompt tokens found in the engine's prefix cache (their KV reused, not computed).",
+            lambda s: s.engine.prefix_cache_hits_total,
+        ),
+        "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
+        "app_refused_queue_timeout": (
+            "Refused by the replica: waited too long.",
+            lambda s: s.admission.refused_queue_timeout,
+        ),
+        "app_refused_over_time_target": (
+            "Refused by the replica at arrival: predicted to miss its first-token or end target.",
+            lambda s: s.admission.refused_over_time_target,
+        ),
+        "app_engine_wedged": (
+            "Engines the replica declared wedged: no output past the bound of what was in them.",
+            lambda s: s.wedged_total,
+        ),
+        "app_engine_restarts": ("Engines the replica restarted in place.", lambda s: s.restarts_total),
+    }
+
     def collect(self) -> Iterable[Metric]:
-        gauges: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
-            "app_queue_depth": (
-                "Requests waiting for an engine slot in the replica's admission queue.",
-                lambda s: s.admission.waiting,
-            ),
-            "app_requests_admitted": (
-                "Requests admitted into the engine by the replica.",
-                lambda s: s.admission.running,
-            ),
-            "app_token_budget_in_use": (
-                "prompt + max_tokens of admitted requests.",
-                lambda s: s.admission.tokens_in_use,
-            ),
-            "app_token_budget": ("Most prompt + max_tokens admitted at once.", lambda s: s.admission.token_budget),
-            "app_engine_healthy": ("1 while the model's engine serves.", lambda s: 1 if s.healthy else 0),
-            "vllm:num_requests_running": (
-                "Requests in the engine (vLLM's unfinished requests).",
-                lambda s: s.engine.running,
-            ),
-            "vllm:num_requests_waiting": ("Requests the engine's scheduler holds waiting.", lambda s: s.engine.waiting),
-            "vllm:kv_cache_usage_perc": ("KV cache usage, 0 to 1.", lambda s: s.engine.kv_cache_usage),
-            "app_prefill_tokens_per_second": (
-                "Prompt tokens the engine prefills per second, as the replica measured it (NaN: not yet).",
-                lambda s: or_nan(s.pace.prefill_tokens_per_s),
-            ),
-            "app_decode_seconds_per_token": (
-                "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
-                lambda s: or_nan(s.pace.decode_s_per_token),
-            ),
-            "app_predicted_time_to_first_token_seconds": (
-                "The latest arrival's predicted time to its first token (NaN: not yet predicted).",
-                lambda s: or_nan(s.admission.predicted_first_token_s),
-            ),
-        }
-        counters: dict[str, tuple[str, Callable[[ReplicaStats], float]]] = {
-            "vllm:num_preemptions": ("Preemptions by the engine's scheduler.", lambda s: s.engine.preemptions_total),
-            "vllm:prompt_tokens": ("Prompt tokens processed.", lambda s: s.engine.prompt_tokens_total),
-            "vllm:generation_tokens": ("Tokens generated.", lambda s: s.engine.generation_tokens_total),
-            "vllm:prefix_cache_queries": (
-                "Prompt tokens looked up in the engine's prefix cache.",
-                lambda s: s.engine.prefix_cache_queries_total,
-            ),
-            "vllm:prefix_cache_hits": (
-                "Prompt tokens found in the engine's prefix cache (their KV reused, not computed).",
-                lambda s: s.engine.prefix_cache_hits_total,
-            ),
-            "app_refused_queue_full": ("Refused by the replica: queue full.", lambda s: s.admission.refused_queue_full),
-            "app_refused_queue_timeout": (
-                "Refused by the replica: waited too long.",
-                lambda s: s.admission.refused_queue_timeout,
-            ),
-            "app_refused_over_time_target": (
-                "Refused by the replica at arrival: predicted to miss its first-token or end target.",
-                lambda s: s.admission.refused_over_time_target,
-            ),
-            "app_engine_wedged": (
-                "Engines the replica declared wedged: no output past the bound of what was in them.",
-                lambda s: s.wedged_total,
-            ),
-            "app_engine_restarts": ("Engines the replica restarted in place.", lambda s: s.restarts_total),
-        }
         up = GaugeMetricFamily("app_replica_up", "1 for an engine replica that answered this scrape, 0 for one that "
                                "did not (stopped, or its event loop blocked).", labels=["model_name", "replica"])
         for model, replicas in self._stats.items():
@@ -187,12 +188,12 @@ class _Snapshot:
         yield up
         answered = [(model, replica, s) for model, replicas in self._stats.items()
                     for replica, s in replicas.items() if s is not None]
-        for name, (doc, read) in gauges.items():
+        for name, (doc, read) in self._GAUGES.items():
             family = GaugeMetricFamily(name, doc, labels=["model_name", "replica"])
             for model, replica, s in answered:
                 family.add_metric([model, replica], read(s))
             yield family
-        for name, (doc, read) in counters.items():
+        for name, (doc, read) in self._COUNTERS.items():
             counter = CounterMetricFamily(name, doc, labels=["model_name", "replica"])
             for model, replica, s in answered:
                 counter.add_metric([model, replica], read(s))

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest
+from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest, GenerationParams, PromptInput
 from app.errors import InternalError, InvalidRequest, ServiceError, wrong_runner
 from app.http import sse
 from app.http.client_targets import client_targets, session_hint
@@ -172,24 +172,8 @@ async def _generate(
         params = body.to_params(model.limits, model.engine.tool_call_parser)
     else:
         prompts, params = body.to_prompts(model.limits), body.to_params(model.limits)
-    targets = client_targets(request.headers, stream=bool(body.stream))
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    engine_requests = [
-        GenerateRequest(
-            # a batch's prompts are engine requests of their own, each with its own id
-            request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
-            prompt=prompt,
-            params=params,
-            timeout_s=state.config.service.request_timeout_s,
-            want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
-            trace_id=request.state.request_id,
-            ttft_target_s=targets.first_token_s,
-            finish_target_s=targets.finish_s,
-            session_id=session_hint(request.headers),
-            tenant=request.state.tenant,
-        )
-        for i, prompt in enumerate(prompts)
-    ]
+    engine_requests = _engine_requests(request, body, request_id, prompts, params)
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
     tenant = request.state.tenant
     # Its tokens_per_minute, for the most each may cost.
@@ -198,19 +182,7 @@ async def _generate(
     client = request.scope.get("extensions", {}).get(CLIENT_READING, {}).get("connection") if body.stream else None
     streams = [state.capacity.track(model.id, backend.generate(r, client), tenant, reserved)  # full: refused here
                for r, reserved in zip(engine_requests, reservations, strict=True)]
-    # Validation and admission errors surface here, before the 200.
-    stream: AsyncGenerator[Any, None]
-    if len(streams) == 1:
-        stream = streams[0]
-        try:
-            admitted = [await anext(stream)]
-        except BaseException:
-            await stream.aclose()
-            raise
-    else:
-        batch = batch_stream.Batch(streams, params.n)
-        admitted = await batch.admitted()  # all of them, or the first refusal (the others then aborted)
-        stream = batch.deltas()
+    stream, admitted = await _admitted(streams, params.n)  # validation and admission errors: before the 200
     writer = make_writer(request_id, model.id)
     writer.admitted(*admitted)
     if body.stream:
@@ -226,6 +198,32 @@ async def _generate(
         if not timer.finished:
             timer.client_left(request.url.path)
         await stream.aclose()
+
+
+def _engine_requests(request: Request, body: ChatCompletionRequest | CompletionRequest, request_id: str,
+                     prompts: list[PromptInput], params: GenerationParams) -> list[GenerateRequest]:
+    """One engine request per prompt (a batch's each with its own id), with the client's targets and tenant."""
+    targets = client_targets(request.headers, stream=bool(body.stream))
+    return [GenerateRequest(request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt=prompt,
+                            params=params, timeout_s=state_of(request).config.service.request_timeout_s,
+                            want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
+                            trace_id=request.state.request_id, ttft_target_s=targets.first_token_s,
+                            finish_target_s=targets.finish_s, session_id=session_hint(request.headers),
+                            tenant=request.state.tenant)
+            for i, prompt in enumerate(prompts)]
+
+
+async def _admitted(streams: list[AsyncGenerator[Any, None]], n: int) -> tuple[AsyncGenerator[Any, None], list[Any]]:
+    """The one stream of deltas and what admitted each prompt: all of them, or the first refusal raised."""
+    if len(streams) > 1:
+        batch = batch_stream.Batch(streams, n)
+        admitted = await batch.admitted()  # the others aborted on a refusal
+        return batch.deltas(), admitted
+    try:
+        return streams[0], [await anext(streams[0])]
+    except BaseException:
+        await streams[0].aclose()
+        raise
 
 
 async def _events(

@@ -83,83 +83,110 @@ def _scan(text: str) -> list[_Span]:
     knows strings and nesting. The spans of a prefix of `text` are those of `text` cut to it, so what an earlier
     delta already revealed is read off the same scan. Only the element level is interpreted: braces and quotes
     inside values cannot confuse it."""
-    spans: list[_Span] = []
-    depth, in_string, escaped, string_start = 0, False, False, 0
-    current: _Span | None = None
-    key: str | None = None
-    state = "key"  # key, colon, value, string, container, scalar, after
-    value_start = 0
+    return _Scanner(text).scan()
 
-    def end_value(at: int) -> None:
-        nonlocal state
-        assert current is not None
-        if key == "parameters":
-            current.args_end = at
-        elif key == "name" and state == "string":
-            try:
-                current.name, current.name_end = json.loads(text[value_start:at]), at
-            except json.JSONDecodeError:
-                current.name = None
-        state = "after"
 
-    def start_value(at: int, kind: str) -> None:
-        nonlocal state, value_start
-        assert current is not None
-        value_start = at
-        if key == "parameters":
-            current.args_start = at
-        state = kind
+class _Scanner:
+    """`_scan`'s one pass: where it is in the text (depth, inside a string) and in the element it reads."""
 
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
+    def __init__(self, text: str):
+        self.text = text
+        self.spans: list[_Span] = []
+        self.depth, self.in_string, self.escaped, self.string_start = 0, False, False, 0
+        self.current: _Span | None = None
+        self.key: str | None = None
+        self.state = "key"  # key, colon, value, string, container, scalar, after
+        self.value_start = 0
+
+    def scan(self) -> list[_Span]:
+        for i, ch in enumerate(self.text):
+            if self.in_string:
+                self._string_char(i, ch)
             elif ch == '"':
-                in_string = False
-                if depth == 2 and current is not None:
-                    if state == "key":
-                        key, state = text[string_start + 1 : i], "colon"
-                    elif state == "string":
-                        end_value(i + 1)
-            continue
-        if ch == '"':
-            in_string, string_start = True, i
-            if depth == 2 and current is not None and state == "value":
-                start_value(i, "string")
-        elif ch in "{[":
-            if depth == 0 and ch != "[" or depth == 1 and ch != "{":
-                return spans
-            if depth == 1:
-                current, key, state = _Span(), None, "key"
-                spans.append(current)
-            elif depth == 2 and current is not None and state == "value":
-                start_value(i, "container")
-            depth += 1
-        elif ch in "}]":
-            if depth == 2 and current is not None and state == "scalar":
-                end_value(i)
-            depth -= 1
-            if depth == 2 and current is not None and state == "container":
-                end_value(i + 1)
-            elif depth == 1:
-                current = None
-            elif depth <= 0:
-                return spans
-        elif depth == 2 and current is not None:
-            if ch == ":" and state == "colon":
-                state = "value"
-            elif ch == ",":
-                if state == "scalar":
-                    end_value(i)
-                key, state = None, "key"
-            elif ch.isspace():
-                if state == "scalar":
-                    end_value(i)
-            elif state == "value":
-                start_value(i, "scalar")
-    return spans
+                self.in_string, self.string_start = True, i
+                if self._in_element() and self.state == "value":
+                    self._start_value(i, "string")
+            elif ch in "{[":
+                if not self._open(i, ch):
+                    break
+            elif ch in "}]":
+                if not self._close(i):
+                    break
+            elif self._in_element():
+                self._element_char(i, ch)
+        return self.spans
+
+    def _in_element(self) -> bool:
+        return self.depth == 2 and self.current is not None
+
+    def _string_char(self, i: int, ch: str) -> None:
+        if self.escaped:
+            self.escaped = False
+        elif ch == "\\":
+            self.escaped = True
+        elif ch == '"':
+            self.in_string = False
+            if self._in_element():
+                if self.state == "key":
+                    self.key, self.state = self.text[self.string_start + 1 : i], "colon"
+                elif self.state == "string":
+                    self._end_value(i + 1)
+
+    def _open(self, i: int, ch: str) -> bool:
+        """False where the text is not the array of objects expected: the scan stops there."""
+        if self.depth == 0 and ch != "[" or self.depth == 1 and ch != "{":
+            return False
+        if self.depth == 1:
+            self.current, self.key, self.state = _Span(), None, "key"
+            self.spans.append(self.current)
+        elif self._in_element() and self.state == "value":
+            self._start_value(i, "container")
+        self.depth += 1
+        return True
+
+    def _close(self, i: int) -> bool:
+        """False once the array has ended."""
+        if self._in_element() and self.state == "scalar":
+            self._end_value(i)
+        self.depth -= 1
+        if self._in_element() and self.state == "container":
+            self._end_value(i + 1)
+        elif self.depth == 1:
+            self.current = None
+        elif self.depth <= 0:
+            return False
+        return True
+
+    def _element_char(self, i: int, ch: str) -> None:
+        if ch == ":" and self.state == "colon":
+            self.state = "value"
+        elif ch == ",":
+            if self.state == "scalar":
+                self._end_value(i)
+            self.key, self.state = None, "key"
+        elif ch.isspace():
+            if self.state == "scalar":
+                self._end_value(i)
+        elif self.state == "value":
+            self._start_value(i, "scalar")
+
+    def _start_value(self, at: int, kind: str) -> None:
+        assert self.current is not None
+        self.value_start = at
+        if self.key == "parameters":
+            self.current.args_start = at
+        self.state = kind
+
+    def _end_value(self, at: int) -> None:
+        assert self.current is not None
+        if self.key == "parameters":
+            self.current.args_end = at
+        elif self.key == "name" and self.state == "string":
+            try:
+                self.current.name, self.current.name_end = json.loads(self.text[self.value_start:at]), at
+            except json.JSONDecodeError:
+                self.current.name = None
+        self.state = "after"
 
 
 @dataclass

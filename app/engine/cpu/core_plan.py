@@ -110,35 +110,53 @@ def plan_cores(cores: Iterable[int] | None = None, *, topology: CpuTopology | No
     usable = tuple(sorted(c.id for c in topo.cpus))
     notes: list[str] = []
     warnings: list[str] = []
-
-    def plan(ranks: list[list[int]], source: str, plan_env: dict[str, str] | None = None) -> CorePlan:
-        compute = {c for r in ranks for c in r}
-        front = tuple(c for c in usable if c not in compute)
-        return CorePlan(tuple(tuple(r) for r in ranks), front, usable, source, plan_env or {}, tuple(notes),
-                        tuple(warnings))
-
+    plan_env: dict[str, str] = {}
     bind = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto").strip() or "auto"
     if bind == "nobind":
         notes.append("VLLM_CPU_OMP_THREADS_BIND=nobind: OpenMP threads are not bound; the front end shares the cores")
-        return plan([list(usable)], "nobind")
-    if bind != "auto":
-        given = [parse_id_list(s) for s in bind.split("|")]
-        if len(given) != world_size:
-            warnings.append(f"VLLM_CPU_OMP_THREADS_BIND={bind!r} names {len(given)} core lists for {world_size} "
-                            "worker(s): vLLM will refuse to start")
-        outside = sorted({c for r in given for c in r} - set(usable))
-        if outside:
-            warnings.append(f"VLLM_CPU_OMP_THREADS_BIND binds to cores {format_id_list(outside)} this process may "
-                            "not use")
-        return plan(given, "env")
+        ranks, source = [list(usable)], "nobind"
+    elif bind != "auto":
+        ranks, source = _operator_binding(bind, world_size, usable, warnings), "env"
+    else:
+        reserve = _reserve(env, arch_n, world_size, warnings)
+        ranks, fallback = _automatic_binding(topo, arch_n, world_size, reserve, notes, warnings)
+        source = "explicit" if fallback or explicit else "vllm-auto"
+        if source == "explicit":
+            plan_env = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(format_id_list(r) for r in ranks)}
+    compute = {c for r in ranks for c in r}
+    front = tuple(c for c in usable if c not in compute)
+    return CorePlan(tuple(tuple(r) for r in ranks), front, usable, source, plan_env, tuple(notes), tuple(warnings))
 
+
+def _operator_binding(bind: str, world_size: int, usable: tuple[int, ...], warnings: list[str]) -> list[list[int]]:
+    """An operator's VLLM_CPU_OMP_THREADS_BIND, honoured as given; what vLLM will make of it goes to `warnings`."""
+    given = [parse_id_list(s) for s in bind.split("|")]
+    if len(given) != world_size:
+        warnings.append(f"VLLM_CPU_OMP_THREADS_BIND={bind!r} names {len(given)} core lists for {world_size} "
+                        "worker(s): vLLM will refuse to start")
+    outside = sorted({c for r in given for c in r} - set(usable))
+    if outside:
+        warnings.append(f"VLLM_CPU_OMP_THREADS_BIND binds to cores {format_id_list(outside)} this process may "
+                        "not use")
+    return given
+
+
+def _reserve(env: Mapping[str, str], arch_n: str, world_size: int, warnings: list[str]) -> int:
+    """The cores vLLM keeps off compute for its front end: its minimum, or the operator's count."""
     minimum = _arch_reserve(arch_n, world_size)
-    reserve = minimum
-    if "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
-        reserve = int(env["VLLM_CPU_NUM_OF_RESERVED_CPU"] or 0)
-        if reserve < minimum:
-            warnings.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserve} is below vLLM's minimum of {minimum}")
+    if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in env:
+        return minimum
+    reserve = int(env["VLLM_CPU_NUM_OF_RESERVED_CPU"] or 0)
+    if reserve < minimum:
+        warnings.append(f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserve} is below vLLM's minimum of {minimum}")
+    return reserve
 
+
+def _automatic_binding(topo: CpuTopology, arch_n: str, world_size: int, reserve: int, notes: list[str],
+                       warnings: list[str]) -> tuple[list[list[int]], bool]:
+    """vLLM's own binding (rank N on the N-th memory node's cores, less the reserve), and whether it would fail and
+    an explicit even split is used instead."""
+    usable = tuple(sorted(c.id for c in topo.cpus))
     rank_nodes = topo.mem_nodes[:world_size]
     fallback = len(topo.mem_nodes) < world_size
     selected: list[list[int]] = []
@@ -170,9 +188,7 @@ def plan_cores(cores: Iterable[int] | None = None, *, topology: CpuTopology | No
     if not reserved and reserve > 0:
         warnings.append(f"{len(usable)} usable core(s): none can be kept for the front end, which shares the "
                         "compute cores and slows every step")
-    if fallback or explicit:
-        return plan(ranks, "explicit", {"VLLM_CPU_OMP_THREADS_BIND": "|".join(format_id_list(r) for r in ranks)})
-    return plan(ranks, "vllm-auto")
+    return ranks, fallback
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -418,6 +418,21 @@ async def test_a_concurrent_burst_never_overruns_a_token_budget(make_stack):
     assert again.status_code == 200, again.text  # the unused reservations came back
 
 
+async def test_a_body_declared_too_large_does_not_hold_one_of_its_tenants_concurrent_requests(make_stack):
+    """`max_concurrent: 1`: a request refused 413 for its declared length before its body is read leaves the
+    tenant's one place free for the next."""
+    data = config_dict()
+    data["service"] = {"max_body_bytes": 4096}
+    data["tenants"] = [{"name": "one", "api_keys": ["k-one"], "max_concurrent": 1}]
+    stack = make_stack(parse_config(data), FakeEngine(max_model_len=MAX_MODEL_LEN))
+    body = b"{" + b" " * 8000 + b"}"
+    too_large = await stack.client.post("/v1/chat/completions", content=body,
+                                        headers={**key("one"), "Content-Type": "application/json"})
+    assert too_large.status_code == 413, too_large.text
+    r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("one"))
+    assert r.status_code == 200, r.text
+
+
 def test_a_newcomer_waits_only_behind_what_goes_before_it():
     q: FairQueue[Item] = FairQueue()
     q.entered(A)

@@ -20,6 +20,7 @@ Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -234,18 +235,21 @@ def _tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
     return found
 
 
-def stop_node(node: Node, grace_s: float = 40) -> None:
-    """SIGTERM to the node's session (`ray start --block` then stops its node), SIGKILL after `grace_s`."""
-    try:
-        os.killpg(node.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        psutil.Process(node.pid).wait(timeout=grace_s)
-    except psutil.TimeoutExpired:
-        os.killpg(node.pid, signal.SIGKILL)
-    except psutil.NoSuchProcess:
-        pass
+def stop_nodes(nodes: Sequence[Node], grace_s: float = 40) -> None:
+    """SIGTERM to each node's session at once (`ray start --block` then stops its node; they drain side by side),
+    SIGKILL to those still there after `grace_s`."""
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for node in nodes:
+        try:
+            psutil.Process(node.pid).wait(timeout=max(0.0, deadline - time.monotonic()))
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def add_worker(
@@ -272,14 +276,14 @@ def lose_node(name: str, state_dir: Path = STATE_DIR) -> int:
 
 
 def down(state_dir: Path = STATE_DIR) -> int:
-    """Stops every node (workers first, then the head) and kills whatever still carries the cluster's tag;
+    """Stops every node (the workers together, then the head) and kills whatever still carries the cluster's tag;
     returns how many such leftovers there were."""
     state_path = state_dir / "cluster.json"
     if not state_path.exists():
         return 0
     state = ClusterState.load(state_path)
-    for node in reversed(state.nodes):
-        stop_node(node)
+    stop_nodes(state.nodes[1:])  # the workers together, while the head still answers them
+    stop_nodes(state.nodes[:1])
     leftovers = _kill_all(_tagged(state.tag))
     state_path.unlink()
     return leftovers

@@ -9,8 +9,8 @@ alone, so nothing valid is refused for ever. A running request may step out of t
 In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its target is
 refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when it would miss even
 alone) instead of waiting in the queue only to miss it, and before it is tokenized where even the least request would
-(`refuse_if_full` with targets); the queue timeout stays as a safety net for wrong predictions.
-The start of the simulation ignores the token budget (a budget-bound queue is predicted too short).
+(`refuse_if_full` with targets), and later if another tenant's arrival, going first, makes it late; the queue
+timeout stays as a safety net. The simulation ignores the token budget (a budget-bound queue is predicted too short).
 
 Use: `ticket = admission.reserve(tenant)` (cheap; raises before any work), validate,
 `await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
@@ -183,31 +183,38 @@ class Admission:
         self._ask_to_yield()  # served more now, a tenant may owe the waiting head a slot
 
     def _sweep(self, now: float, judged: bool) -> None:
-        """Refuses, with `OverTimeTarget`, queued requests now predicted to miss what they wait for; their wait so
-        far counts against their targets.
-
-        Not `judged` (the pace has just been measured; they were queued by count alone): any target, or the queue
-        timeout. `judged` (each was predicted in time at its arrival; checked again at most once a second): only
-        the queue timeout, so none waits it out only to be refused; the targets are not judged again, since the
-        first tokens of a burst bring decode samples slowed by its prefill (docs/sizing.md has the runs)."""
+        """Refuses queued requests now predicted to miss what they wait for, their wait so far counted. Not `judged`
+        (the pace has just been measured; they were queued by count alone): any target, or the queue timeout.
+        `judged` (each predicted in time at its arrival; checked at most once a second): the queue timeout only,
+        since a burst's first tokens bring decode samples its prefill slowed (docs/sizing.md has the runs)."""
         self._swept_at = now
+        self._refuse_waiting(set(self._waiting), now, targets=not judged)
+        self._pump()
+
+    def _refuse_overtaken(self, newcomer: Ticket) -> None:
+        """The fair order put `newcomer` ahead of other tenants' waiting requests, each predicted in time when it
+        came: those it now makes late are refused at once (their tenants were served more), not left to miss."""
+        order = list(self._waiting)
+        overtaken = {t for t in order[order.index(newcomer) + 1:] if t.tenant != newcomer.tenant}
+        if overtaken and self.pace is not None:
+            self._refuse_waiting(overtaken, time.monotonic(), targets=True)
+
+    def _refuse_waiting(self, check: set[Ticket], now: float, targets: bool) -> None:
+        """Refuses those of `check` that the queue, simulated in its order, now predicts late for their targets
+        (`targets`; else only for the queue timeout). Paused ones are never refused: their clients are mid-answer."""
         assert self.pace is not None
         queue = list(self._waiting)
-        predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held),
-                                              [t.work(now) for t in queue], self.max_running)
+        predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held), [t.work(now) for t in queue],
+                                              self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):
-            if ticket.paused:  # its client is mid-stream: it waits for its turn, within its own deadline
-                continue
-            late = over_time(prediction, Targets() if judged else ticket.targets, now - ticket.queued_at,
-                             self.queue_timeout_s)
-            if late is None:
-                continue
-            self._waiting.remove(ticket, refused=True)
-            ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
-            self._refused_time += 1
-            self.demand.refused(ticket.max_steps * self.pace.output_share, now)
-            ticket.wake(late)
-        self._pump()
+            late = over_time(prediction, ticket.targets if targets else Targets(), now - ticket.queued_at,
+                             self.queue_timeout_s) if ticket in check and not ticket.paused else None
+            if late is not None:
+                self._waiting.remove(ticket, refused=True)
+                ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
+                self._refused_time += 1
+                self.demand.refused(ticket.max_steps * self.pace.output_share, now)
+                ticket.wake(late)
 
     async def _admit(
         self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int, max_steps: int
@@ -223,6 +230,7 @@ class Admission:
         ticket.targets, ticket.queued_at = targets, time.monotonic()
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
+        self._refuse_overtaken(ticket)
         self._ask_to_yield()
         if not await ticket.wait(min(timeout_s, self.queue_timeout_s)):
             self._refused_timeout += 1
@@ -285,15 +293,8 @@ class Admission:
 
     def stats(self) -> AdmissionStats:
         return AdmissionStats(
-            running=len(self._slots),
-            waiting=len(self._waiting),
-            in_system=self._in_system,
-            aside=self._aside,
-            tokens_in_use=self._slots.tokens_in_use,
-            token_budget=self.token_budget,
-            peak_waiting=self._peak_waiting,
-            refused_queue_full=self._refused_full,
-            refused_queue_timeout=self._refused_timeout,
+            running=len(self._slots), waiting=len(self._waiting), in_system=self._in_system, aside=self._aside,
+            tokens_in_use=self._slots.tokens_in_use, token_budget=self.token_budget, peak_waiting=self._peak_waiting,
+            refused_queue_full=self._refused_full, refused_queue_timeout=self._refused_timeout,
             refused_over_time_target=self._refused_time,
-            predicted_first_token_s=round(self._last_prediction.first_token_s, 3) if self._last_prediction else None,
-        )
+            predicted_first_token_s=round(self._last_prediction.first_token_s, 3) if self._last_prediction else None)

@@ -472,6 +472,37 @@ async def test_admission_by_time_predicts_a_light_tenant_behind_its_turn_not_beh
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def test_a_waiting_request_made_late_by_another_tenant_going_first_is_refused_then():
+    """One of A's runs (9.9 s left) and two wait, predicted at 10 s and 20 s against a 25 s target. B arrives and the
+    fair order puts it first: A's second would now start at 30 s, past its target, and is refused at once with
+    `over_time_target`, instead of being served late; A's first still makes it and keeps its place."""
+    from tests.unit.test_admission_by_time import _paced
+
+    adm = Admission(max_running=1, max_queued=10, token_budget=100_000, queue_timeout_s=300, pace=_paced())
+    running = adm.reserve(A)
+    await running.admit(110, 300, prompt_tokens=10, max_steps=100)
+    running.produced(1)
+    queued = [adm.reserve(A) for _ in range(2)]
+    tasks = [asyncio.create_task(t.admit(110, 300, Targets(first_token_s=25.0), prompt_tokens=10, max_steps=100))
+             for t in queued]
+    await until(lambda: adm.stats().waiting == 2, what="two of A's waiting, in time")
+    light = adm.reserve(B)
+    light_task = asyncio.create_task(light.admit(110, 300, Targets(first_token_s=25.0), prompt_tokens=10,
+                                                 max_steps=100))
+    await until(lambda: tasks[1].done(), what="A's second refused when B went first")
+    with pytest.raises(OverTimeTarget) as late:
+        tasks[1].result()
+    assert late.value.code == "over_time_target" and late.value.retry_after_s >= 1
+    queued[1].release()
+    assert adm.stats().waiting == 2 and not tasks[0].done()  # A's first and B's wait
+    running.release()
+    await light_task
+    assert light.state == "running" and queued[0].state == "waiting"
+    for t in (light, queued[0]):
+        t.release()
+    await tasks[0]
+
+
 def test_a_refused_tenant_stays_backlogged_while_it_has_anything_in_the_system():
     """Refusals by time keep a tenant out of the queue; lifting it at each arrival would take from it the service it
     was refused (s4 in docs/tenants.md: the other tenant then had 65 % of the service)."""

@@ -1,18 +1,15 @@
 """A multi-node Ray cluster on this one machine, made with Ray's own `ray start`: a head and N worker nodes.
 
-Each node is its own raylet, started by `ray start --block` in a session of its own, so stopping that session
-stops every process of the node (what a pod loss does on KubeRay). Each worker node is confined to its own
-core(s) of this machine (its CPU affinity, which every process of the node inherits), as a pod's cpuset confines
-it: the engine on that node then computes on that core and no other engine competes for it (app/engine/cpu/core_plan.py
-reads the affinity). The head runs Ray's dashboard on loopback, which `serve deploy` (and KubeRay) talk to.
-The cluster runs with Ray's token authentication; its nodes use this machine's interface address (CLUSTER_ENV).
-The head also offers the `ingress` resource (INGRESS_RESOURCE), as the KubeRay manifest's head does: the
-manifest pins the ingress tier there, beside the head's Serve proxy, so that losing a worker node loses engine
-replicas only, never a client's connection (docs/kuberay.md).
-`up` leaves the cluster running and writes its address and nodes to a state file; `down` stops what the state
-file names and then anything still carrying the cluster's tag. `lose_node` kills one node outright (every process
-carrying its node tag, SIGKILL: a pod lost, nothing drained); `add_worker` joins a new worker node.
-Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...` or `serve deploy --address <dashboard> ...`.
+Each node is its own raylet, started by `ray start --block` in a session of its own (stopping it stops the node, as
+a pod's loss does on KubeRay), each worker confined to its own core(s) as a pod's cpuset confines it (its engine
+computes there alone; app/engine/cpu/core_plan.py reads the affinity). The head runs Ray's dashboard on loopback for
+`serve deploy`, and offers the `ingress` resource (INGRESS_RESOURCE) as the KubeRay manifest's head does, so that
+losing a worker node loses engine replicas only, never a client's connection (docs/kuberay.md). Token
+authentication; the nodes use this machine's interface address (CLUSTER_ENV).
+`up` leaves the cluster running and writes its address and nodes to a state file; `down` stops what it names, then
+anything still carrying the cluster's tag; `lose_node` SIGKILLs every process of one node (a pod lost, nothing
+drained); `add_worker` joins a new worker node. Deploy onto it with `RAY_ADDRESS=<address> python -m app serve ...`
+or `serve deploy --address <dashboard> ...`.
 
     python -m app cluster up --workers 2      # prints the address to use as RAY_ADDRESS, then the dashboard's
     python -m app cluster down
@@ -40,9 +37,8 @@ NODE_TAG_ENV = "APP_LOCAL_CLUSTER_NODE"  # "<cluster tag>/<node name>": every pr
 # The head's own resource, which only the ingress tier asks for (configs/kuberay/*.yaml: the head's
 # rayStartParams offer it, the ingress deployment's ray_actor_options take INGRESS_SHARE of it).
 INGRESS_RESOURCE = "ingress"
-# Token authentication on every node and client. Not RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which keeps a single
-# node on loopback: with it no worker node may join ("Multi-node Ray clusters are not supported"); so Ray turns
-# 127.0.0.1 into this machine's interface address and its servers listen there too (token auth guards them).
+# Token authentication on every node and client. Not RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (one node on loopback): no
+# worker node may join with it; so Ray's servers listen on this machine's interface address (token auth guards them).
 CLUSTER_ENV = {"RAY_AUTH_MODE": "token"}
 _RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -101,15 +97,9 @@ def _start_node(
     node_env = {**os.environ, **env, **CLUSTER_ENV, TAG_ENV: tag, NODE_TAG_ENV: f"{tag}/{name}"}
     node_env.pop("RAY_ADDRESS", None)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [_RAY, "start", "--block", "--disable-usage-stats", *args],
-            env=node_env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
-        )
+        proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=node_env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     return Node(name=name, pid=proc.pid, log=str(log))
 
 
@@ -201,12 +191,9 @@ def _join_worker(
     """Starts worker node `worker-<i>` (confined to its share of this machine's cores) and waits until it is in
     the cluster's node table; returns the state with it, saved."""
     cores = worker_cores(i, cpus_per_worker, sorted(os.sched_getaffinity(0)))[i - 1]
-    args = [
-        f"--address={state.address}",
-        f"--num-cpus={cpus_per_worker}",
-        f"--resources={json.dumps({f'worker-{i}': 1})}",
-        *([f"--temp-dir={state.temp_dir}"] if state.temp_dir is not None else []),
-    ]
+    args = [f"--address={state.address}", f"--num-cpus={cpus_per_worker}",
+            f"--resources={json.dumps({f'worker-{i}': 1})}",
+            *([f"--temp-dir={state.temp_dir}"] if state.temp_dir is not None else [])]
     node = _start_node(f"worker-{i}", args, state.tag, state_dir, env, cores)
     state = ClusterState(state.address, state.dashboard, state.tag, (*state.nodes, node), state.temp_dir)
     state.save(state_dir / "cluster.json")
@@ -236,20 +223,33 @@ def _tagged(tag: str, node: str | None = None) -> list[psutil.Process]:
 
 
 def stop_nodes(nodes: Sequence[Node], grace_s: float = 40) -> None:
-    """SIGTERM to each node's session at once (`ray start --block` then stops its node; they drain side by side),
-    SIGKILL to those still there after `grace_s`."""
+    """SIGTERM to each node's `ray start --block` leader at once (the nodes drain side by side through the GCS), then
+    to what is left of its session; SIGKILL after `grace_s`. The leader first: sent to the whole session, the head's
+    GCS went first and the head's drain waited Ray's 30 s for it (33 s of every `cluster down`)."""
     for node in nodes:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGTERM)
+            os.kill(node.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for node in nodes:
-        try:
+        with contextlib.suppress(psutil.TimeoutExpired, psutil.NoSuchProcess):
             psutil.Process(node.pid).wait(timeout=max(0.0, deadline - time.monotonic()))
-        except psutil.TimeoutExpired:
+        rest = _session(node.pid)
+        for p in rest:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.terminate()
+        _, alive = psutil.wait_procs(rest, timeout=max(0.0, deadline - time.monotonic()))
+        if alive or psutil.pid_exists(node.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The processes still in session `sid` (a node's `ray start` leader's)."""
+    def sid_of(pid: int) -> int | None:
+        with contextlib.suppress(OSError):
+            return os.getsid(pid)
+        return None
+    return [p for p in psutil.process_iter() if sid_of(p.pid) == sid]
 
 
 def add_worker(

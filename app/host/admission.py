@@ -188,22 +188,21 @@ class Admission:
         `judged` (each predicted in time at its arrival; checked at most once a second): the queue timeout only,
         since a burst's first tokens bring decode samples its prefill slowed (docs/sizing.md has the runs)."""
         self._swept_at = now
-        self._refuse_waiting(set(self._waiting), now, targets=not judged)
+        self._refuse_waiting(queue := list(self._waiting), set(queue), now, targets=not judged)
         self._pump()
 
     def _refuse_overtaken(self, newcomer: Ticket) -> None:
         """The fair order put `newcomer` ahead of other tenants' waiting requests, each predicted in time when it
         came: those it now makes late are refused at once (their tenants were served more), not left to miss."""
-        order = list(self._waiting)
-        overtaken = {t for t in order[order.index(newcomer) + 1:] if t.tenant != newcomer.tenant}
-        if overtaken and self.pace is not None:
-            self._refuse_waiting(overtaken, time.monotonic(), targets=True)
+        order = list(self._waiting) if self.pace is not None and self.pace.ready else []  # per arrival: skip the sort
+        overtaken = {t for t in order[order.index(newcomer) + 1:] if t.tenant != newcomer.tenant} if order else set()
+        if overtaken:
+            self._refuse_waiting(order, overtaken, time.monotonic(), targets=True)
 
-    def _refuse_waiting(self, check: set[Ticket], now: float, targets: bool) -> None:
-        """Refuses those of `check` that the queue, simulated in its order, now predicts late for their targets
-        (`targets`; else only for the queue timeout). Paused ones are never refused: their clients are mid-answer."""
+    def _refuse_waiting(self, queue: list[Ticket], check: set[Ticket], now: float, targets: bool) -> None:
+        """Refuses those of `check` that `queue` (the waiting requests in their order), simulated, now predicts late
+        for their targets (`targets`; else only the queue timeout). Paused ones never: their clients are mid-answer."""
         assert self.pace is not None
-        queue = list(self._waiting)
         predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held), [t.work(now) for t in queue],
                                               self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):

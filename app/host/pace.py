@@ -41,6 +41,10 @@ LATENESS_WINDOW = 64
 LATENESS_MIN_SAMPLES = 8
 LATENESS_MAX = 4.0
 MIN_SAMPLES = 4  # first-token samples before any prediction
+# The least standard deviation of a feature in the window for its rate to be fitted (else held, _Line): a stream
+# more or less in the batch, a short sentence more or less to prefill.
+BATCH_SPREAD = 1.0
+TOKENS_SPREAD = 8.0
 SETTLED = 32  # finished requests and first tokens before the prefill rate counts against capacity
 # A fit is recomputed when asked for after _REFIT_S or _REFIT_SAMPLES new samples, whichever comes first: a
 # least-squares over 256 rows costs ~30 us, and decode samples come once per token of every stream.
@@ -51,14 +55,24 @@ _REFIT_SAMPLES = 32
 class _Line:
     """y ~ x @ coef over the last WINDOW samples, coefficients kept non-negative (a rate cannot be)."""
 
-    def __init__(self, features: int):
+    def __init__(self, min_spread: tuple[float, ...], prior: tuple[float, ...]):
         self._rows: deque[tuple[float, ...]] = deque(maxlen=WINDOW)
-        self._features = features
+        self._features = len(min_spread)
+        # A feature whose values in the window spread less than its min_spread (standard deviation) cannot tell its
+        # rate: least squares splits the time between it and the intercept at random (numpy's minimum norm). A
+        # replica serving 4 streams for 5 s put its 16-stream capacity at 52 tokens/s instead of 200 that way, and the
+        # autoscaler scaled back up right after a scale-down (the local cluster's flap). Such a window keeps the
+        # shape last measured with spread (`_shape`: the intercept and those rates) and fits only its level; until
+        # one is measured, `prior` (intercept first).
+        self._min_spread = min_spread
+        self._shape = np.asarray(prior, dtype=float)
         self._coef: np.ndarray | None = None
         self._fitted_at = -1.0
         self._new = 0  # samples since the last fit
 
     def add(self, x: Sequence[float], y: float) -> None:
+        if self._new >= WINDOW // 2:  # fitted at least once a half window, asked or not: `_shape` sees every window
+            self._coef, self._fitted_at, self._new = self._fit(), time.monotonic(), 0
         self._rows.append((*x, y))
         self._new += 1
 
@@ -73,21 +87,31 @@ class _Line:
         return self._coef
 
     def _fit(self) -> np.ndarray | None:
-        """Least squares; a feature whose rate comes out negative (too little spread in it to tell) is
-        dropped and the rest refitted, so that no rate is negative."""
+        """Least squares; the intercept and the rates of features without spread scaled together from `_shape`; a
+        rate that comes out negative (too little spread to tell) is dropped and the rest refitted, so that none is."""
         if not self._rows:
             return None
         data = np.asarray(self._rows, dtype=float)
         x = np.column_stack([np.ones(len(data)), data[:, : self._features]])
         y = data[:, self._features]
-        active = list(range(self._features + 1))
+        held = [i for i in range(1, self._features + 1) if float(np.std(x[:, i])) < self._min_spread[i - 1]]
+        shape = self._shape[[0, *held]] if held else np.ones(1)
+        x[:, 0] = x[:, [0, *held]] @ shape  # the level: one factor for the intercept and the held rates
+        if not x[:, 0].any():
+            x[:, 0], shape = 1.0, np.eye(len(shape))[0]
+        active = [0, *(i for i in range(1, self._features + 1) if i not in held)]
         while True:
-            coef = np.zeros(self._features + 1)
-            coef[active] = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-            negative = [i for i in active if i > 0 and coef[i] < 0]
+            fitted = np.zeros(self._features + 1)
+            fitted[active] = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
+            negative = [i for i in active if i > 0 and fitted[i] < 0]
             if not negative:
-                return coef
-            active.remove(min(negative, key=lambda i: coef[i]))
+                break
+            active.remove(min(negative, key=lambda i: fitted[i]))
+        coef = fitted.copy()
+        coef[[0, *held]] = fitted[0] * shape
+        if not held:
+            self._shape = coef
+        return coef
 
     def at(self, *x: float) -> float | None:
         coef = self.coef()
@@ -132,8 +156,10 @@ class PaceStats:
 
 class EnginePace:
     def __init__(self) -> None:
-        self._ttft = _Line(features=2)  # (backlog tokens, batch) -> seconds
-        self._decode = _Line(features=1)  # (batch,) -> seconds per token
+        # (backlog tokens, batch) -> seconds; until their spread tells, a first token is all prefill
+        self._ttft = _Line(min_spread=(TOKENS_SPREAD, BATCH_SPREAD), prior=(0.0, 1.0, 0.0))
+        # (batch,) -> seconds per token; until the batch varies, a step costs the same at any batch
+        self._decode = _Line(min_spread=(BATCH_SPREAD,), prior=(1.0, 0.0))
         self._output_share = 1.0  # moving average of generated / max_tokens; 1.0 (the worst case) at first
         self._prompt_mean = self._output_mean = 0.0  # moving averages of a finished request's prompt and output
         self._finished = 0

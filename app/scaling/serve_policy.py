@@ -25,7 +25,8 @@ from app.config.autoscaling import AutoscalingSettings
 from app.scaling.decision import KV_NAMESPACE, ScalingDecision, kv_key
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
 
-log = logging.getLogger(__name__)
+# Under "ray.serve": the policy runs in Serve's controller, whose log file takes that logger's records only.
+log = logging.getLogger("ray.serve").getChild(__name__)
 PUBLISH_EVERY_S = 1.0
 STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when the target rose above those running
 LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacity of one replica
@@ -55,6 +56,7 @@ class TokenDemandPolicy:
                  ttft_target_s: float | None):
         self.knobs = Knobs(min_replicas, max_replicas, target_utilization, ttft_target_s)
         self._published_at = 0.0
+        self._logged: int | None = None  # the desire last logged, while it differs from the replicas there are
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
         state, now = ctx.policy_state, time.time()
@@ -62,6 +64,10 @@ class TokenDemandPolicy:
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
         stable, recent = _with_known_capacity(state, stable, recent)
         desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent)
+        if desired != ctx.current_num_replicas and desired != self._logged:  # Serve logs a change, not its inputs
+            log.info("%s: %d -> %d replicas on look-back %s, recent %s", ctx.deployment_name,
+                     ctx.current_num_replicas, desired, stable, recent)
+        self._logged = desired if desired != ctx.current_num_replicas else None
         if ctx.target_num_replicas > ctx.current_num_replicas:
             state.setdefault(STARTING_SINCE, now)
         else:

@@ -248,7 +248,7 @@ def test_the_default_config_scales_to_a_second_replica_under_load_and_back_faili
         # The one kept may be the newer replica, whose pace is not measured yet: no capacity of its own to show.
         scaling = wait_until(lambda: _autoscaling_stats(svc.base_url, running=1), timeout_s=60,
                              what="/stats showing the policy's decision at one replica")
-        assert scaling["desired"] == 1, scaling
+        assert scaling["desired"] == 1, str(scaling)  # a str: pytest cuts a dict's repr to 240 characters
         metrics = httpx.get(f"{svc.base_url}/metrics", timeout=30).text
         assert f'app_autoscaling_replicas{{kind="running",model_name="{MODEL}"}} 1.0' in metrics
     finally:

@@ -90,6 +90,41 @@ def test_a_feature_without_spread_gets_no_negative_rate():
     assert prediction is not None and prediction.first_token_s > 0
 
 
+def test_a_window_at_one_batch_keeps_the_per_stream_rate_measured_across_batches():
+    """The kept replica after a scale-down: 4 streams for a whole window. A fit of that window alone put its capacity
+    at 16 streams at 52 tokens/s instead of 200 (the autoscaler then scaled straight back up)."""
+    pace = _trained(step_s=0.08, per_batch_s=0.0)
+    for _ in range(WINDOW):
+        pace.decoded(4, 1, 0.08)
+    assert pace.output_tokens_per_s(16) == pytest.approx(200, rel=0.02)
+
+
+def test_a_window_at_one_batch_scales_the_shape_measured_across_batches_to_its_level():
+    pace = _trained(step_s=0.01, per_batch_s=0.005)
+    for _ in range(WINDOW):  # 4 streams run
+        pace.decoded(4, 1, 0.01 + 0.005 * 4)
+    for _ in range(WINDOW):  # ... and the engine gets twice slower (a noisy neighbour)
+        pace.decoded(4, 1, 2 * (0.01 + 0.005 * 4))
+    assert pace.stats(batch=16).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005 * 16), rel=0.02)
+    assert pace.stats(batch=1).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005), rel=0.02)
+
+
+def test_a_batch_never_seen_to_vary_costs_nothing_per_stream():
+    pace = EnginePace()
+    for _ in range(WINDOW):
+        pace.decoded(4, 1, 0.08)
+    assert pace.output_tokens_per_s(16) == pytest.approx(200, rel=0.01)
+
+
+def test_until_prompt_lengths_vary_a_first_token_is_taken_as_all_prefill():
+    pace = EnginePace()
+    for _ in range(MIN_SAMPLES):  # one prompt length, one batch: neither rate can be told from the other
+        pace.first_token(200, 1, 0.1)
+        pace.decoded(1, 1, 0.02)
+    assert pace.prefill_s_per_token() == pytest.approx(0.1 / 200)
+    assert pace.per_request_s() == 0
+
+
 def test_predictions_grow_by_how_late_admitted_requests_really_were():
     pace = _trained()
     before = pace.predict(Work(500, 10), [], [], 4)

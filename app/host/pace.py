@@ -55,17 +55,19 @@ _REFIT_SAMPLES = 32
 class _Line:
     """y ~ x @ coef over the last WINDOW samples, coefficients kept non-negative (a rate cannot be)."""
 
-    def __init__(self, min_spread: tuple[float, ...], prior: tuple[float, ...]):
+    def __init__(self, min_spread: tuple[float, ...]):
         self._rows: deque[tuple[float, ...]] = deque(maxlen=WINDOW)
         self._features = len(min_spread)
         # A feature whose values in the window spread less than its min_spread (standard deviation) cannot tell its
         # rate: least squares splits the time between it and the intercept at random (numpy's minimum norm). A
         # replica serving 4 streams for 5 s put its 16-stream capacity at 52 tokens/s instead of 200 that way, and the
         # autoscaler scaled back up right after a scale-down (the local cluster's flap). Such a window keeps the
-        # shape last measured with spread (`_shape`: the intercept and those rates) and fits only its level; until
-        # one is measured, `prior` (intercept first).
+        # shape last measured with spread (`_shape`: the intercept and those rates) and fits only its level. Until
+        # one is measured, least squares as it falls: pessimistic at batches not seen yet, which admission needs (a
+        # step taken as the same at any batch admitted the polite client at the hostile run's start, then refused
+        # it late: first 200 after 24.8 s instead of 12.5 s, docs/tenants.md).
         self._min_spread = min_spread
-        self._shape = np.asarray(prior, dtype=float)
+        self._shape: np.ndarray | None = None
         self._coef: np.ndarray | None = None
         self._fitted_at = -1.0
         self._new = 0  # samples since the last fit
@@ -94,8 +96,9 @@ class _Line:
         data = np.asarray(self._rows, dtype=float)
         x = np.column_stack([np.ones(len(data)), data[:, : self._features]])
         y = data[:, self._features]
-        held = [i for i in range(1, self._features + 1) if float(np.std(x[:, i])) < self._min_spread[i - 1]]
-        shape = self._shape[[0, *held]] if held else np.ones(1)
+        lacking = [i for i in range(1, self._features + 1) if float(np.std(x[:, i])) < self._min_spread[i - 1]]
+        held = lacking if self._shape is not None else []
+        shape = self._shape[[0, *held]] if self._shape is not None and held else np.ones(1)
         x[:, 0] = x[:, [0, *held]] @ shape  # the level: one factor for the intercept and the held rates
         if not x[:, 0].any():
             x[:, 0], shape = 1.0, np.eye(len(shape))[0]
@@ -109,7 +112,7 @@ class _Line:
             active.remove(min(negative, key=lambda i: fitted[i]))
         coef = fitted.copy()
         coef[[0, *held]] = fitted[0] * shape
-        if not held:
+        if not lacking:
             self._shape = coef
         return coef
 
@@ -156,10 +159,8 @@ class PaceStats:
 
 class EnginePace:
     def __init__(self) -> None:
-        # (backlog tokens, batch) -> seconds; until their spread tells, a first token is all prefill
-        self._ttft = _Line(min_spread=(TOKENS_SPREAD, BATCH_SPREAD), prior=(0.0, 1.0, 0.0))
-        # (batch,) -> seconds per token; until the batch varies, a step costs the same at any batch
-        self._decode = _Line(min_spread=(BATCH_SPREAD,), prior=(1.0, 0.0))
+        self._ttft = _Line(min_spread=(TOKENS_SPREAD, BATCH_SPREAD))  # (backlog tokens, batch) -> seconds
+        self._decode = _Line(min_spread=(BATCH_SPREAD,))  # (batch,) -> seconds per token
         self._output_share = 1.0  # moving average of generated / max_tokens; 1.0 (the worst case) at first
         self._prompt_mean = self._output_mean = 0.0  # moving averages of a finished request's prompt and output
         self._finished = 0

@@ -74,7 +74,7 @@ class _Line:
 
     def add(self, x: Sequence[float], y: float) -> None:
         if self._new >= WINDOW // 2:  # fitted at least once a half window, asked or not: `_shape` sees every window
-            self._coef, self._fitted_at, self._new = self._fit(), time.monotonic(), 0
+            self._refit(time.monotonic())
         self._rows.append((*x, y))
         self._new += 1
 
@@ -85,8 +85,11 @@ class _Line:
         now = time.monotonic()
         stale = self._coef is None or now - self._fitted_at >= _REFIT_S or self._new >= _REFIT_SAMPLES
         if self._new and stale:
-            self._coef, self._fitted_at, self._new = self._fit(), now, 0
+            self._refit(now)
         return self._coef
+
+    def _refit(self, now: float) -> None:
+        self._coef, self._fitted_at, self._new = self._fit(), now, 0
 
     def _fit(self) -> np.ndarray | None:
         """Least squares; the intercept and the rates of features without spread scaled together from `_shape`; a

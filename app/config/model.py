@@ -32,7 +32,8 @@ class EngineConfig(StrictModel):
     enforce_eager: bool = Field(
         True,
         description="Skip torch.compile/CUDA graphs. Keep true on CPU: the compiled CPU path was seen "
-        "producing wrong text.",
+        "producing wrong text. On the CPU it also turns off the compile vLLM's sampler does on the first request "
+        "asking for logprobs (seconds).",
     )
     kv_cache_gib: float | None = Field(
         2, gt=0, description="CPU only: KV cache size in GiB, fractions allowed (vLLM's kv_cache_memory_bytes; "

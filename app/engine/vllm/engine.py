@@ -48,14 +48,10 @@ class _StatsRecorder(StatLoggerBase):
     """Keeps the engine's latest scheduler figures and running totals for `stats()`."""
 
     def __init__(self, vllm_config: Any = None, engine_index: int = 0):
-        self.running = 0
-        self.waiting = 0
+        self.running = self.waiting = self.preemptions_total = 0
         self.kv_cache_usage = 0.0
-        self.preemptions_total = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.prefix_cache_queries_total = 0
-        self.prefix_cache_hits_total = 0
+        self.prompt_tokens_total = self.generation_tokens_total = 0
+        self.prefix_cache_queries_total = self.prefix_cache_hits_total = 0
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
                ) -> None:
@@ -106,6 +102,8 @@ class VLLMEngine:
         if not model.on_gpu:
             if model.engine.kv_cache_gib:  # vLLM's CPU platform would let this legacy variable override the size
                 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            if model.engine.enforce_eager:  # eager means nothing compiled later either: vLLM's sampler compiles a
+                os.environ["TORCHDYNAMO_DISABLE"] = "1"  # logprobs helper on the first request asking (3.6 s, EPYC)
             # Planned before keep_off_engine_cores narrows this process's affinity: the EngineCore inherits it.
             # Cores another engine of this host computes on are left to it (engine/cpu/claims.py).
             self._cores, self._core_claim = plan_own_cores(world_size=model.engine.tensor_parallel_size)

@@ -39,6 +39,12 @@ class ReplicaLoad:
                    pace.prefill_s_per_token() if pace else None, pace.per_request_s() if pace else None,
                    block, sup.engine.kv_cache_tokens // block if block else 0)
 
+    def would_take(self, first_token_s: float | None) -> bool:
+        """A request arriving now would be let in, as far as these figures tell: serving, a place free, and a
+        newcomer's first token within `first_token_s` (where both are known)."""
+        in_time = first_token_s is None or self.wait_s is None or self.wait_s <= first_token_s
+        return self.serving and self.room > 0 and in_time
+
     def as_stats(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -162,8 +162,10 @@ class Gate:
         metrics: Metrics,
         capacity: Capacity,
         known_endpoints: frozenset[str],
+        room: Callable[[], bool] | None = None,
     ):
         self.app = app
+        self.room = room  # whether a model's replicas would take a request now: ends a hold early
         self.capacity = capacity
         self.known_endpoints = known_endpoints  # the routes' own paths: anything else is 'other' in metrics and logs
         self.max_header_bytes, self.max_body_bytes = max_header_bytes, max_body_bytes
@@ -208,9 +210,8 @@ class Gate:
 
         if (err := self._refusal_at_door(scope, tenant, path)) is not None:
             return await refuse(err)
-        if (hold_s := self.pacing.hold_s(paced)) > 0:  # back on this connection before its Retry-After
+        if await self.pacing.hold(paced, self.room):  # back on this connection before its Retry-After
             self.metrics.retries_held.inc()
-            await asyncio.sleep(hold_s)
         if (err := self._refusal_before_body(tenant, path, headers.get(b"content-length", b""))):
             return await refuse(err)  # under overload most requests end here, before their body is read
         limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None

@@ -78,6 +78,7 @@ def create_app(
         known_endpoints=frozenset(r.path for r in (*routes.router.routes, *model_routes.router.routes,
                                                          *ops_routes.router.routes)
                                   if isinstance(r, APIRoute) and "{" not in r.path),
+        room=state.has_room,
     )
     return api
 

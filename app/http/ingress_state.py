@@ -32,6 +32,7 @@ class Backend(Protocol):
     async def check_health(self) -> None: ...
     async def check_ready(self) -> None: ...
     async def replica_stats(self) -> dict[str, ReplicaStats | None]: ...  # None: did not answer in time
+    def has_room(self) -> bool: ...  # a request arriving now would be let in, as far as this process can tell
 
 
 @dataclass
@@ -48,6 +49,10 @@ class IngressState:
 
     def __post_init__(self) -> None:
         self.models = {m.id: m for m in self.config.models}
+
+    def has_room(self) -> bool:
+        """Some model's replicas would take a request now (a hint: a held retry comes in early; http/retry_pacing)."""
+        return any(backend.has_room() for backend in self.backends.values())
 
     def backend_for(self, model_id: str) -> tuple[ModelConfig, Backend]:
         model = self.models.get(model_id)

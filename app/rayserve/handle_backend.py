@@ -15,11 +15,11 @@ With fleet routing (`routing`: app/routing/), each attempt is ranked over the re
 to give the first token soonest (its queue, and the prefill of what its prefix cache does not hold) is offered first,
 and a request that even the soonest would serve later than its first-token target is refused here at once.
 
-A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped)
-continues on another replica: each unfinished choice resumes from the tokens it already had
-(app/engine/continuation.py), up to `ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot
-(structured output, tool-call parsing) ends with the retryable 503. Counted in `migrated` (/metrics), with the
-streams taken out of the engine while their client did not read (rayserve/client_pauses.py).
+A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped) continues
+on another replica: each unfinished choice resumes from the tokens it already had (app/engine/continuation.py), up to
+`ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot (structured output, tool-call
+parsing) ends with the retryable 503. Counted in `migrated` (/metrics), with the streams taken out of the engine
+while their client did not read (rayserve/client_pauses.py).
 """
 
 from __future__ import annotations
@@ -74,11 +74,10 @@ class HandleBackend:
     """`EngineHost`'s interface, reached through a Ray Serve handle to an `EngineReplica`."""
 
     def __init__(self, handle: DeploymentHandle, routing: ModelRouting | None = None):
-        self._handle = handle
+        self._handle, self._stream = handle, handle.options(stream=True)
         self.routing = routing  # None: Serve's router draws two replicas (request_router.py)
-        self._stream = handle.options(stream=True)
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
-        self.migrated: Counter[str] = Counter()  # choices resumed elsewhere mid-answer, and requests that could not be
+        self.migrated: Counter[str] = Counter()  # choices resumed elsewhere, and those that could not (/metrics)
         # An autoscaled model's ingress tells the policy of the requests it refuses at once, and reads back its last
         # decision (/stats, /metrics, the Retry-After while a replica starts); a fixed fleet needs neither.
         self.unmet: UnmetDemand | None = None
@@ -168,6 +167,10 @@ class HandleBackend:
             raise self.scaling.refusal(decision.refusal)
         return decision
 
+    def has_room(self) -> bool:  # some replica, as it last reported, would let a request in now (none yet: no)
+        target = self.routing.model.deployment.ttft_target_s if self.routing is not None else None
+        return any(load.would_take(target) for load in self._loads().values())
+
     def _loads(self) -> dict[str, ReplicaLoad]:
         """What each replica last reported to this process's Serve router (request_router.py)."""
         return replica_loads(getattr(self._handle, "deployment_id", None))
@@ -194,8 +197,7 @@ class HandleBackend:
             ranking = (decision.ranks,) if decision is not None else ()  # `prefer`, for the router only
             call = self._stream.generate_remote.remote(attempt_request, avoid, *ranking)
             response = cast(DeploymentResponseGenerator[Any], call)
-            answered = False
-            first_output = decision is None
+            answered, first_output = False, decision is None
             try:
                 async for item in response:
                     if isinstance(item, Refused):
@@ -248,10 +250,9 @@ class HandleBackend:
             try:
                 answer = await self._handle.embed_remote.remote(attempt_request, avoid)
             except Exception as err:
-                answer = Refused(cast(ServiceError, translate(err))) if isinstance(translate(err), ServiceError) \
-                    else None
-                if answer is None:
-                    raise translate(err) from None
+                if not isinstance(translated := translate(err), ServiceError):
+                    raise translated from None
+                answer = Refused(translated)
             if isinstance(answer, Embeddings):
                 return answer
             error = cast(Refused, answer).error
@@ -291,9 +292,8 @@ class HandleBackend:
 
         async def one(replica: str) -> tuple[str, ReplicaStats | None]:
             try:
-                answered: tuple[str, ReplicaStats] = await asyncio.wait_for(
-                    self._handle.stats_of.remote(Addressed(replica)), STATS_TIMEOUT_S)
-                return answered
+                return cast(tuple[str, ReplicaStats], await asyncio.wait_for(
+                    self._handle.stats_of.remote(Addressed(replica)), STATS_TIMEOUT_S))
             except Exception:
                 return replica, None
 

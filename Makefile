@@ -84,8 +84,9 @@ burst: setup
 chaos: setup
 	$(PY) -m loadkit chaos
 
-# The fleet router against power-of-two on a local multi-node cluster, four workloads (docs/routing.md).
-routing: setup
+# The fleet router against power-of-two and Ray Serve LLM's prefix router on a local multi-node cluster, four
+# workloads (docs/routing.md); Ray Serve LLM imports what the `bench` extra installs.
+routing: setup-bench
 	$(PY) -m loadkit routing
 
 tenants: setup

@@ -79,8 +79,13 @@ class Row:
         return sum(o.output_tokens for o in self.served()) / self.wall_s if self.wall_s else None
 
     def hit_rate(self) -> float | None:
+        """vLLM's prefix-cache counters where the system exposes them, else the answers' own cached tokens over their
+        prompt tokens (the same ratio as the engine counts it, read at the client: Ray Serve LLM's rows)."""
         queries = self._total("vllm:prefix_cache_queries")
-        return self._total("vllm:prefix_cache_hits") / queries if queries else None
+        if queries:
+            return self._total("vllm:prefix_cache_hits") / queries
+        prompt = sum(o.prompt_tokens for o in self.served())
+        return sum(o.cached_tokens for o in self.served()) / prompt if prompt else None
 
     def busiest_share(self) -> float | None:
         """The largest replica's share of the prompt tokens the engines processed, averaged over the rounds."""

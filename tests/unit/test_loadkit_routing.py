@@ -63,3 +63,40 @@ def test_the_runs_service_reports_cached_tokens_in_usage():
 
     config = serve_config(8123, "power_of_two", 0.5)
     assert parse_config(config["applications"][0]["args"]["config"]).service.enable_prompt_tokens_details
+
+
+def test_a_peer_without_counters_reads_its_hit_rate_from_the_answers_usage():
+    row = Row()
+    row.add([Outcome(200, 0.5, 1.0, 32, prompt_tokens=1000, cached_tokens=750),
+             Outcome(200, 0.5, 1.0, 32, prompt_tokens=1000, cached_tokens=250), Outcome(503)], 2.0, {})
+    assert row.hit_rate() == 0.5 and row.busiest_share() is None and row.precision() is None
+
+
+def test_w4_is_also_judged_against_ray_s_prefix_router_as_shipped():
+    rows = {"W4": {"earliest_first_token": _row(1.0, 0, 100), "power_of_two": _row(0.8, 0, 100),
+                   "ray_prefix_router": _row(2.0, 0, 100)}}
+    lines = targets(rows)
+    assert "W4 TTFT p99, this router / power of two (target ≤ 1): 1.25× (NOT met)" in lines[0]
+    assert "W4 TTFT p99, this router / Ray's prefix router as shipped (target ≤ 1): 0.50× (met)" in lines[1]
+
+
+def test_ray_serve_llm_is_deployed_with_the_service_s_engine_settings_and_its_prefix_router():
+    from loadkit.routing import ray_llm
+    from loadkit.routing.run import serve_config
+
+    ours = serve_config(8123, "power_of_two", 0.25)["applications"][0]["args"]["config"]["models"][0]["engine"]
+    shipped = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 0.25, None)
+    app = shipped["applications"][0]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app" and shipped["http_options"]["port"] == 8123
+    llm = app["args"]["llm_configs"][0]
+    kwargs = llm["engine_kwargs"]
+    assert (kwargs["max_model_len"], kwargs["max_num_seqs"], kwargs["dtype"], kwargs["enforce_eager"]) == (
+        ours["max_model_len"], ours["max_num_seqs"], ours["dtype"], ours["enforce_eager"])
+    assert kwargs["kv_cache_memory_bytes"] == 2**28 and kwargs["enable_prompt_tokens_details"]
+    router = llm["deployment_config"]["request_router_config"]
+    assert router == {"request_router_class": ray_llm.ROUTER}  # as shipped: no load fallback
+    assert llm["placement_group_config"] == {"bundles": [{"CPU": 1}]} and llm["deployment_config"]["num_replicas"] == 2
+    assert llm["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}  # the bundle stays one CPU: one a node
+    balanced = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 0.25, 2)
+    assert balanced["applications"][0]["args"]["llm_configs"][0]["deployment_config"]["request_router_config"][
+        "request_router_kwargs"] == {"imbalanced_threshold": 2}

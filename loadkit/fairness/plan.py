@@ -5,7 +5,8 @@ A system is a tenant configuration selected by the keys the clients use, so one 
 `first-come` (every client of the suite on one tenant's keys: one tenant is the first-come queue), `fair` (a
 tenant per client, the suite's weights), `fair+budgets` (the same with `tokens_per_minute` at the client's fair
 share of the capacity) and `rate-limited` (the same with `requests_per_minute` at its fair share: a per-key rate
-limiter, as LiteLLM users have, here sitting on the fair queue). Loads are multiples of the measured capacity in
+limiter, as LiteLLM users have, here sitting on the fair queue); then each client alone (`A alone`, ...: the same
+arrivals with nobody beside it, its solo first tokens). Loads are multiples of the measured capacity in
 VTC's own units (prompt + 2 x generated tokens per second), so a shape's "1x" costs the replica what 1x of the
 128/64 requests does by that count.
 """
@@ -72,12 +73,13 @@ class Client:
 @dataclass(frozen=True)
 class System:
     """A tenant configuration: `kind` one of MAIN_SYSTEMS; `silent` clients send nothing; `batch` clients' tenants
-    are `priority: batch`."""
+    are `priority: batch`; `alone` names the one client sending, whose figures are its solo figures."""
 
     name: str
     kind: str
     silent: tuple[str, ...] = ()
     batch: tuple[str, ...] = ()
+    alone: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,21 +94,31 @@ class Suite:
         return tuple(c for c in self.clients if c.name not in system.silent)
 
 
+def solo(clients: tuple[Client, ...]) -> tuple[System, ...]:
+    """A system per client in which it sends alone, at its own load: its solo figures."""
+    return tuple(System(f"{c.name} alone", FAIR, silent=tuple(x.name for x in clients if x is not c), alone=c.name)
+                 for c in clients)
+
+
+def _suite(key: str, title: str, clients: tuple[Client, ...], seconds: float) -> Suite:
+    return Suite(key, title, clients, tuple(System(s, s) for s in MAIN_SYSTEMS) + solo(clients), seconds)
+
+
 def suites(duration: float) -> list[Suite]:
-    """The four VTC suites and the priority check, each system `duration` long (the on/off suite twice that,
-    bursts of a third of it: 30 s on, 30 s off, 30 s on at the default 45)."""
-    main = tuple(System(s, s) for s in MAIN_SYSTEMS)
+    """The four VTC suites (each under MAIN_SYSTEMS, then each client alone) and the priority check, each system
+    `duration` long (the on/off suite twice that, bursts of a third of it: 30 s on, 30 s off, 30 s on at the
+    default 45)."""
     onoff = 2 * duration / 3
     return [
-        Suite("s1", "two tenants at 0.5x and 1.5x", (Client("A", 0.5), Client("B", 1.5)), main, duration),
-        Suite("s2", "three tenants at 0.3x, 0.6x, 1.2x with weights 1, 2, 4",
-              (Client("A", 0.3, 1), Client("B", 0.6, 2), Client("C", 1.2, 4)), main, duration),
-        Suite("s3", f"A steady at 1.0x, B at 1.0x {onoff:.0f} s on / {onoff:.0f} s off",
-              (Client("A", 1.0), Client("B", 1.0, on_off_s=onoff)), main, 2 * duration),
-        Suite("s4", "short prompt, long output (16/256) against long prompt, short output (1024/16), 1x each",
-              (Client("A", 1.0, shape=Shape(16, 256)), Client("B", 1.0, shape=Shape(1024, 16))), main, duration),
+        _suite("s1", "two tenants at 0.5x and 1.5x", (Client("A", 0.5), Client("B", 1.5)), duration),
+        _suite("s2", "three tenants at 0.3x, 0.6x, 1.2x with weights 1, 2, 4",
+               (Client("A", 0.3, 1), Client("B", 0.6, 2), Client("C", 1.2, 4)), duration),
+        _suite("s3", f"A steady at 1.0x, B at 1.0x {onoff:.0f} s on / {onoff:.0f} s off",
+               (Client("A", 1.0), Client("B", 1.0, on_off_s=onoff)), 2 * duration),
+        _suite("s4", "short prompt, long output (16/256) against long prompt, short output (1024/16), 1x each",
+               (Client("A", 1.0, shape=Shape(16, 256)), Client("B", 1.0, shape=Shape(1024, 16))), duration),
         Suite("prio", "interactive at 0.2x beside a flood at 2x", (Client("I", 0.2), Client("F", 2.0)),
-              (System("alone", FAIR, silent=("F",)), System("batch flood", FAIR, batch=("F",)),
+              (System("alone", FAIR, silent=("F",), alone="I"), System("batch flood", FAIR, batch=("F",)),
                System("interactive flood", FAIR)), duration),
     ]
 

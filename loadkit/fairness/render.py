@@ -53,21 +53,30 @@ def _codes(counts: dict[str, int]) -> str:
         if total else "0"
 
 
+def _solo(outcomes: list[Outcome]) -> dict[tuple[str, float, str], list[Answer]]:
+    """Each client's answers when it sent alone, by (suite, length, client)."""
+    return {(o.suite.key, o.suite.seconds, o.system.alone): o.of(o.system.alone) for o in outcomes if o.system.alone}
+
+
 def tenant_table(outcomes: list[Outcome]) -> list[str]:
-    """A row per suite, system and tenant."""
+    """A row per suite, system and tenant; beside each first token, the tenant's own when it sent alone."""
     lines = ["| suite | system | tenant (weight, load) | sent | answered | refused or failed (codes) | "
-             "first token p50 / p99 (s) | output tok/s | weighted service/s (share) |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+             "first token p50 / p99 (s) | alone: first token p50 / p99 (s) | output tok/s | "
+             "weighted service/s (share) |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+    solo = _solo(outcomes)
     for o in outcomes:
         totals = {c: sum(v) / o.suite.seconds for c, v in o.service.items()}
         everyone = sum(totals.values()) or 1.0
         for c in o.suite.senders(o.system):
             mine = o.of(c.name)
             answered = sum(1 for a in mine if a.status == 200)
+            alone = solo.get((o.suite.key, o.suite.seconds, c.name))
             lines.append(
                 f"| {o.suite.key} ({o.suite.seconds:g} s) | {o.system.name} | {c.name} ({c.weight:g}, {c.load:g}x"
                 f"{', batch' if c.name in o.system.batch else ''}) | {len(mine)} | {answered} | "
                 f"{_codes(account.refusals(mine))} | {account.first_token_text(mine)} | "
+                f"{account.first_token_text(alone) if alone is not None and not o.system.alone else '-'} | "
                 f"{account.output_tok_s(mine, o.suite.seconds):.0f} | "
                 f"{totals[c.name]:.0f} ({totals[c.name] / everyone:.0%}) |")
     return lines

@@ -160,7 +160,7 @@ def report(o: argparse.Namespace, plan: list[Suite], results: dict) -> str:
     outcomes = [render.Outcome(replace(by_key[key][0], seconds=r.get("seconds", by_key[key][0].seconds)),
                                by_key[key][1], _answers(r["answers"]), o.window)
                 for r in results["runs"] if (key := (r["suite"], r["system"])) in by_key]
-    main = [x for x in outcomes if x.suite.key != "prio"]
+    main = [x for x in outcomes if x.suite.key != "prio" and not x.system.alone]
     lines = [results["header"], "",
              f"Capacity: **{capacity.req_s:.2f} requests/s** of 128/64, {capacity.output_tok_s:.0f} output tok/s, "
              f"{capacity.service_s:.0f} VTC units/s (prompt + 2 x generated); by its output alone "

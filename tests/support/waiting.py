@@ -9,11 +9,10 @@ only bounds how late they notice, never what a test asserts.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from loadkit import waiting
 from loadkit.waiting import wait_until as wait_until  # re-exported: the tests' import of it stays
 
 T = TypeVar("T")
@@ -21,15 +20,6 @@ T = TypeVar("T")
 
 async def until(condition: Callable[[], T | Awaitable[T]], timeout_s: float = 5.0, what: str = "",
                 interval_s: float = 0.002) -> T:
-    """Await until `condition()` (a plain or an async function) is truthy; return its value."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise TimeoutError(f"not {what or 'true'} within {timeout_s} s")
-        await asyncio.sleep(interval_s)  # a poll interval: lets the awaited tasks run
+    """Await until `condition()` (a plain or an async function) is truthy; return its value. loadkit's `until`
+    with the in-process tests' bounds: a short deadline, and a poll that lets the awaited tasks run at once."""
+    return await waiting.until(condition, timeout_s=timeout_s, what=what, interval_s=interval_s)

@@ -147,12 +147,26 @@ def test_tables():
     assert "| s1 | fair | 20 | 0 | - |" in render.summary_table([outcomes[0], longer], CAP)[3]
     tenants = render.tenant_table(outcomes)
     assert tenants[3].startswith(
-        "| s1 (10 s) | first-come | B (1, 1.5x) | 3 | 1 | 1 (over_time_target 1) | 2.00 / 2.00 | 0 |")
+        "| s1 (10 s) | first-come | B (1, 1.5x) | 3 | 1 | 1 (over_time_target 1) | 2.00 / 2.00 | - | 0 |")
     assert all(line.count("|") == tenants[0].count("|") for line in tenants)
     windows = render.window_table(outcomes, "s1")
     assert windows[0] == "| system | tenant | 0-5 s | 5-10 s |" and len(windows) == 2 + 4
     o = account.overrun([_answer("burst", 0, 1, 64, prompt=128)], 6144)
     assert "| 6144 | 64 | 1 | 0 | 192 | **0** | 32 |" in render.overrun_table(o, 64)
+
+
+def test_each_tenant_s_first_token_sits_beside_its_own_when_it_sent_alone():
+    s1 = next(s for s in suites(10) if s.key == "s1")
+    b_alone = next(x for x in s1.systems if x.alone == "B")
+    assert b_alone.name == "B alone" and s1.senders(b_alone) == (s1.clients[1],)
+    t = tenancy([s1], CAP, burst_budget=6144)
+    assert ("s1", "B alone", "B") in t.keys and ("s1", "B alone", "A") not in t.keys
+    fair = _outcomes()[1]
+    solo = render.Outcome(s1, b_alone, [_answer("B", 0, 0.5, 4)], 5.0)
+    rows = render.tenant_table([fair, solo])
+    assert "| fair | B (1, 1.5x) |" in rows[3] and "| 2.00 / 2.00 | 0.50 / 0.50 |" in rows[3]
+    assert "| fair | A (1, 0.5x) |" in rows[2] and "| 1.00 / 1.00 | - |" in rows[2]  # A never sent alone here
+    assert "| B alone | B (1, 1.5x) |" in rows[4] and "| 0.50 / 0.50 | - |" in rows[4]
 
 
 def test_the_plot_is_an_svg_of_polylines():

@@ -5,7 +5,8 @@ nodes, each confined to its own core).
 The KubeRay manifest's Serve config is deployed with `serve deploy` (two engine replicas, one per worker node) once
 per system and round, changed only in `deployment.routing`, no first-token target, a small KV cache
 (`engine.kv_cache_gib`, so that W1's prefixes fit two replicas' caches together but not one's) and one ingress
-replica (its /metrics then holds every routing figure). Rounds alternate the order of the systems (A B, then B A);
+replica (its /metrics then holds every routing figure); Ray Serve LLM with the same model, engine settings and KV
+cache (ray_llm.py). Rounds alternate the order of the systems (A B C D, then D C B A);
 every round has new prompts. Each deployment first serves a warm-up (16 short unrelated prompts) so the replicas
 have measured their pace. The table and a plot go into docs/routing.md; every figure names this machine.
 """
@@ -63,7 +64,8 @@ def serve_config(port: int, routing: str, kv_cache_gib: float) -> dict:
 def _config(system: str, port: int, o: argparse.Namespace) -> dict:
     if system not in ray_llm.PEERS:
         return serve_config(port, system, o.kv_cache_gib)
-    ours = serve_config(port, system, o.kv_cache_gib)["applications"][0]["args"]["config"]["models"][0]["engine"]
+    # the service's own engine settings, whatever its routing
+    ours = serve_config(port, SYSTEMS[0], o.kv_cache_gib)["applications"][0]["args"]["config"]["models"][0]["engine"]
     return ray_llm.serve_config(port, APP_NAME, MODEL_ID, o.model_dir, ours, o.kv_cache_gib, ray_llm.PEERS[system])
 
 

@@ -3,9 +3,11 @@
 
 Two engine replicas of the same model folder with the engine settings and KV cache the service's replicas get (from
 the KubeRay manifest's model config), one per worker node: each asks for a placement bundle of one CPU (on the CPU
-its engine otherwise asks for a GPU), and the head node has none. Its ingress sits on the head like the service's
-(the cluster's `ingress` resource, no CPU). Ray's router matches the request's text (prompt or messages) in a
-prefix tree; as shipped its load fallback is off (`imbalanced_threshold` infinite), `balanced` turns it on. The
+its engine otherwise asks for a GPU) and its replica actor for none (Ray Serve LLM adds the actor's CPU to that
+bundle: two CPUs, which no one-core worker node has), and the head node has none. Its ingress sits on the head like
+the service's (the cluster's `ingress` resource, no CPU). Ray's router matches the request's text (prompt or
+messages) in a prefix tree; as shipped its load fallback is off (`imbalanced_threshold` infinite), and
+`ray_prefix_router_balanced` turns it on. The
 engines report their cached tokens in `usage` (vLLM's `enable_prompt_tokens_details`), from which the run reads
 their hit rate: this app has no /metrics of vLLM's counters at its HTTP port.
 """
@@ -24,11 +26,12 @@ BUILDER = "ray.serve.llm:build_openai_app"
 
 
 def serve_config(port: int, app_name: str, model_id: str, model_dir: str, engine: dict[str, Any],
-                 kv_cache_gib: float, imbalanced_threshold: int | None) -> dict[str, Any]:
-    """A Serve config deploying Ray Serve LLM as `app_name` at `port`, `engine` the service's engine settings."""
+                 imbalanced_threshold: int | None) -> dict[str, Any]:
+    """A Serve config deploying Ray Serve LLM as `app_name` at `port`, `engine` the service's engine settings (its
+    KV cache included)."""
     engine_kwargs = {"max_model_len": engine["max_model_len"], "max_num_seqs": engine["max_num_seqs"],
                      "dtype": engine.get("dtype", "auto"), "enforce_eager": engine.get("enforce_eager", True),
-                     "kv_cache_memory_bytes": int(kv_cache_gib * 2**30), "enable_prompt_tokens_details": True}
+                     "kv_cache_memory_bytes": int(engine["kv_cache_gib"] * 2**30), "enable_prompt_tokens_details": True}
     router: dict[str, Any] = {"request_router_class": ROUTER}
     if imbalanced_threshold is not None:
         router["request_router_kwargs"] = {"imbalanced_threshold": imbalanced_threshold}

@@ -66,7 +66,7 @@ def _config(system: str, port: int, o: argparse.Namespace) -> dict:
         return serve_config(port, system, o.kv_cache_gib)
     # the service's own engine settings, whatever its routing
     ours = serve_config(port, SYSTEMS[0], o.kv_cache_gib)["applications"][0]["args"]["config"]["models"][0]["engine"]
-    return ray_llm.serve_config(port, APP_NAME, MODEL_ID, o.model_dir, ours, o.kv_cache_gib, ray_llm.PEERS[system])
+    return ray_llm.serve_config(port, APP_NAME, MODEL_ID, o.model_dir, ours, ray_llm.PEERS[system])
 
 
 def _metrics(base: str) -> dict[str, dict[str, float]]:

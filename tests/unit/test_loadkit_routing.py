@@ -85,7 +85,7 @@ def test_ray_serve_llm_is_deployed_with_the_service_s_engine_settings_and_its_pr
     from loadkit.routing.run import serve_config
 
     ours = serve_config(8123, "power_of_two", 0.25)["applications"][0]["args"]["config"]["models"][0]["engine"]
-    shipped = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 0.25, None)
+    shipped = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, None)
     app = shipped["applications"][0]
     assert app["import_path"] == "ray.serve.llm:build_openai_app" and shipped["http_options"]["port"] == 8123
     llm = app["args"]["llm_configs"][0]
@@ -97,6 +97,6 @@ def test_ray_serve_llm_is_deployed_with_the_service_s_engine_settings_and_its_pr
     assert router == {"request_router_class": ray_llm.ROUTER}  # as shipped: no load fallback
     assert llm["placement_group_config"] == {"bundles": [{"CPU": 1}]} and llm["deployment_config"]["num_replicas"] == 2
     assert llm["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}  # the bundle stays one CPU: one a node
-    balanced = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 0.25, 2)
+    balanced = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 2)
     assert balanced["applications"][0]["args"]["llm_configs"][0]["deployment_config"]["request_router_config"][
         "request_router_kwargs"] == {"imbalanced_threshold": 2}

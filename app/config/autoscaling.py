@@ -1,8 +1,12 @@
 """`deployment.autoscaling`: replicas that follow the demand (docs/autoscaling.md). Ray Serve scales the engine
 deployment with the service's own policy (scaling/serve_policy.py): demand in output tokens per second, served and
-refused by time, against what one replica serves within the first-token target."""
+refused by time, against what one replica serves within the first-token target. `policy: ongoing_requests` hands
+the deployment to Serve's default policy instead (a count of requests in flight per replica), for operators who
+want it and for measuring the two side by side on the same service."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -10,6 +14,15 @@ from app.config.common import StrictModel
 
 
 class AutoscalingSettings(StrictModel):
+    policy: Literal["token_demand", "ongoing_requests"] = Field(
+        "token_demand",
+        description="`token_demand`: the service's policy (demand in output tokens/s, served and refused by time, "
+        "against one replica's measured capacity). `ongoing_requests`: Ray Serve's default policy, "
+        "`target_ongoing_requests` in flight per replica (it does not see requests refused by time).",
+    )
+    target_ongoing_requests: float | None = Field(
+        None, gt=0, description="With `policy: ongoing_requests` only: requests in flight per replica that Serve "
+        "aims at (null: Serve's default, 2).")
     min_replicas: int = Field(1, ge=1, description="Fewest engine replicas; the deployment starts with this many.")
     max_replicas: int = Field(2, ge=1, description="Most engine replicas (on KubeRay, also the worker group's bound).")
     target_utilization: float = Field(
@@ -30,4 +43,10 @@ class AutoscalingSettings(StrictModel):
     def _bounds(self) -> AutoscalingSettings:
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be at least min_replicas ({self.min_replicas})")
+        if self.policy == "token_demand" and self.target_ongoing_requests is not None:
+            raise ValueError("target_ongoing_requests applies to policy: ongoing_requests only; the token_demand "
+                             "policy plans with target_utilization")
+        if self.policy == "ongoing_requests" and "target_utilization" in self.model_fields_set:
+            raise ValueError("target_utilization applies to policy: token_demand only; Serve's ongoing_requests "
+                             "policy aims at target_ongoing_requests")
         return self

@@ -133,14 +133,19 @@ def kwargs_for(settings: AutoscalingSettings, ttft_target_s: float | None) -> di
 
 
 def serve_autoscaling_config(settings: AutoscalingSettings, ttft_target_s: float | None) -> dict[str, Any]:
-    """Serve's `autoscaling_config` for an engine deployment."""
-    return {
+    """Serve's `autoscaling_config` for an engine deployment: the same bounds and delays for either policy."""
+    config: dict[str, Any] = {
         "min_replicas": settings.min_replicas,
         "max_replicas": settings.max_replicas,
         "initial_replicas": settings.min_replicas,
         "upscale_delay_s": settings.upscale_delay_s,
         "downscale_delay_s": settings.downscale_delay_s,
         "look_back_period_s": settings.look_back_s,
-        "policy": {"policy_function": f"{__name__}:TokenDemandPolicy",
-                   "policy_kwargs": kwargs_for(settings, ttft_target_s)},
     }
+    if settings.policy == "ongoing_requests":  # no `policy`: Serve's default, on requests in flight per replica
+        if settings.target_ongoing_requests is not None:
+            config["target_ongoing_requests"] = settings.target_ongoing_requests
+        return config
+    config["policy"] = {"policy_function": f"{__name__}:TokenDemandPolicy",
+                        "policy_kwargs": kwargs_for(settings, ttft_target_s)}
+    return config

@@ -40,7 +40,11 @@ def test_the_config_takes_bounds_in_place_of_num_replicas_and_refuses_a_bad_comb
     for bad, where in (
             ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, r"max_replicas \(2\) must be at least"),
             ({"num_replicas": 2, "autoscaling": {"max_replicas": 2}}, "either num_replicas or autoscaling"),
-            ({"autoscaling": {"max_replica": 2}}, "deployment.autoscaling.max_replica")):
+            ({"autoscaling": {"max_replica": 2}}, "deployment.autoscaling.max_replica"),
+            ({"autoscaling": {"target_ongoing_requests": 4}}, "target_ongoing_requests applies to policy: ongoing"),
+            ({"autoscaling": {"policy": "ongoing_requests", "target_utilization": 0.5}},
+             "target_utilization applies to policy: token_demand"),
+            ({"autoscaling": {"policy": "queue"}}, "deployment.autoscaling.policy")):
         with pytest.raises(ConfigError, match=where):
             make_config(deployment=bad)
 
@@ -55,6 +59,16 @@ def test_serve_gets_the_service_s_policy_with_the_model_s_bounds_target_and_dela
     assert scaling.policy.policy_function == "app.scaling.serve_policy:TokenDemandPolicy"
     assert scaling.policy.policy_kwargs == {"min_replicas": 1, "max_replicas": 3, "target_utilization": 0.8,
                                             "ttft_target_s": 8.0}
+
+
+def test_policy_ongoing_requests_hands_the_deployment_to_serve_s_default_with_the_same_bounds_and_delays():
+    for knobs, target in (({}, 2.0), ({"target_ongoing_requests": 6}, 6.0)):
+        config = make_config(deployment={"autoscaling": {"min_replicas": 1, "max_replicas": 3,
+                                                         "policy": "ongoing_requests", **knobs}})
+        scaling = _engine_behind_the_ingress(build_from_config(config))._deployment_config.autoscaling_config
+        assert scaling.policy.policy_function == "ray.serve.autoscaling_policy:default_autoscaling_policy"
+        assert (scaling.min_replicas, scaling.max_replicas, scaling.target_ongoing_requests) == (1, 3, target)
+        assert (scaling.upscale_delay_s, scaling.downscale_delay_s) == (10.0, 120.0)
 
 
 def test_the_demand_meter_counts_tokens_per_second_over_its_window():

@@ -27,11 +27,17 @@ def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
         _rec("long", 402.0, "failed", 200, 1.0),  # a broken stream
         _rec("after", 450.0, "timed_out", None, None),
     ]
-    text = report(run, ["facts"])
+    run.ended = 700.0
+    run.states = [(0.0, 1, 0, {}), (150.0, 1, 1, {}), (160.0, 2, 0, {}), (550.0, 1, 0, {})]
+    text = report([("ours", run)], ["facts"])
+    assert "| figure | ours |" in text
     assert "| from the step to the second replica serving | 60 s |" in text
     assert "| requests of the step before it served | 4: 2 answered, 2 refused with 429, 0 other |" in text
     assert "| their Retry-After (min / median / max) | 15 / 20 / 25 s (2 of 2 refusals carried one) |" in text
     assert "| step requests with a first token within 10 s | 2 of 5 (40%) |" in text
+    assert "| all requests after the warm-up with a first token within 10 s | 3 of 7 (43%) |" in text
+    # 1 replica 100-150, 2 (one starting) 150-550, 1 from 550 to the end at 700
+    assert "| replica-seconds from the step to the end | 1000 |" in text
     assert "| from the drop to one replica | 150 s |" in text
     assert "| requests after the drop: failed or timed out | 2 of 3 |" in text
     assert "| long streams (400 tokens) broken | 1 of 2 |" in text
@@ -39,6 +45,8 @@ def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
 
 def test_a_replica_that_never_came_says_so():
     run = Run(capacity=300.0, stepped=100.0, dropped=400.0)
-    text = report(run, [])
-    assert "| from the step to the second replica serving | never |" in text
-    assert "| from the drop to one replica | never |" in text
+    other = Run(capacity=300.0, stepped=100.0, second_at=130.0, dropped=400.0)
+    text = report([("ours", run), ("Serve's", other)], [])
+    assert "| figure | ours | Serve's |" in text
+    assert "| from the step to the second replica serving | never | 30 s |" in text
+    assert "| from the drop to one replica | never | never |" in text

@@ -4,13 +4,13 @@
 configs/cpu.yaml as it is (1-2 engine replicas, the policy's default knobs) served with `python -m app serve` and
 RAY_ADDRESS, as a user deploys onto a cluster; with `--policies token_demand,ongoing_requests`, the same again with
 Serve's default policy (`deployment.autoscaling.policy: ongoing_requests`, the same bounds and delays), each on a
-fresh cluster, in turn. The `openai` SDK (no retries) sends streaming chats (64 prompt, 64 output tokens) at
-Poisson arrivals of the same seed for every policy: a light load (a quarter of one replica's output tokens per
-second, as the first run's replica reports it in /stats), then a step to `--step-x` times that capacity for
-`--step-s`, then the light load at half that for `--after-s`, with two long streams (400 tokens) kept in flight
-until the second replica is gone. Every 2 s: the engine replicas' states (Serve's) and the policy's last decision
-(/stats). Figures per policy: time from the step to the second replica serving; the refusals meanwhile (429 with
-Retry-After, and the Retry-After they said); the share of the step's requests whose first token came within the
+fresh cluster, in turn. The `openai` SDK (no retries) sends streaming chats (64 prompt, 64 output tokens) at Poisson
+arrivals of the same seed for every policy: a light load (a quarter of one replica's output tokens per second, as
+the first run's replica reports it in /stats before the step, or `--capacity`), then a step to `--step-x` times that
+capacity for `--step-s`, then the light load at half that for `--after-s`, with two long streams (400 tokens) kept
+in flight until the second replica is gone. Every 2 s: the engine replicas' states (Serve's) and the policy's last
+decision (/stats). Figures per policy: time from the step to the second replica serving; the refusals meanwhile (429
+with Retry-After, and the Retry-After they said); the share of the step's requests whose first token came within the
 10 s target (SLO attainment) and of all requests after the warm-up; replica-seconds from the step to the end; time
 from the drop to one replica; failed requests and broken streams after the drop (target: none). The section goes
 into docs/autoscaling.md.
@@ -56,7 +56,8 @@ TTFT_TARGET_S = 10.0  # configs/cpu.yaml's deployment.ttft_target_s (its default
 class Run:
     records: list[Record] = field(default_factory=list)
     states: list[tuple[float, int, int, dict]] = field(default_factory=list)  # (t, running, other, autoscaling)
-    capacity: float = 0.0
+    capacity: float = 0.0  # one replica's output tokens/s, as its last report said
+    trace_capacity: float = 0.0  # ... as the trace was built on: measured before the step, or given
     stepped: float = 0.0
     dropped: float = 0.0
     ended: float = 0.0  # when the last phase's arrivals stopped
@@ -116,7 +117,7 @@ async def _warm(run: Run, send_one: Callable[[Ask, str], None], rng: random.Rand
 async def drive(base: str, key: str, cluster: LocalCluster, o: argparse.Namespace, capacity: float | None) -> Run:
     """One policy's trace; `capacity`: one replica's output tokens/s as an earlier run measured it (None: this
     run's replica reports it, as the service's policy has it)."""
-    run, rng, stop = Run(), random.Random(o.seed), asyncio.Event()
+    run, rng, stop = Run(), random.Random(o.seed), asyncio.Event()  # the same seed: the same arrivals
     client, log = make_client(base, timeout_s=600, api_key=key, max_retries=0)
     prompts, tasks = PromptMaker(), set()
 
@@ -129,10 +130,11 @@ async def drive(base: str, key: str, cluster: LocalCluster, o: argparse.Namespac
 
     watcher = asyncio.create_task(_watch(run, cluster, base, key, stop))
     await _warm(run, send_one, rng, capacity is None)
-    run.capacity = capacity or run.capacity
+    run.trace_capacity = capacity or run.capacity
     per_request = OUTPUT  # decode steps a request asks for
-    light, step = run.capacity / 4 / per_request, o.step_x * run.capacity / per_request
-    say(f"one replica makes {run.capacity:.0f} output tokens/s: light {light:.2f} req/s, step {step:.2f} req/s")
+    light, step = run.trace_capacity / 4 / per_request, o.step_x * run.trace_capacity / per_request
+    say(f"the trace's capacity of one replica: {run.trace_capacity:.0f} output tokens/s: light {light:.2f} req/s, "
+        f"step {step:.2f} req/s")
     await _arrivals(run, light, time.monotonic() + 60, "light", send_one, rng)
     run.stepped = time.monotonic()
     run.before_step = run.running_at(run.stepped)
@@ -165,7 +167,8 @@ def figures(run: Run) -> list[tuple[str, str]]:
     retry = sorted(float(r.attempts[-1].retry_after) for r in refused if r.attempts and r.attempts[-1].retry_after)
     after = [r for r in run.records if r.start >= run.dropped]
     failed = [r for r in after if r.outcome in ("failed", "timed_out")]
-    broken = [r for r in after if r.kind == "long" and r.outcome != "ok"]
+    longs = [r for r in after if r.kind == "long"]
+    broken = [r for r in longs if r.status == 200 and r.outcome != "ok"]  # began streaming, did not end whole
     offered = [r for r in run.records if r.kind in ("light", "step", "after")]
 
     def in_target(records: list[Record]) -> str:
@@ -177,7 +180,8 @@ def figures(run: Run) -> list[tuple[str, str]]:
 
     answered = sum(r.outcome == "ok" for r in warm)
     return [
-        ("one replica's capacity (its report)", f"{run.capacity:.0f} output tokens/s"),
+        ("one replica's capacity: the trace's / the replica's last report",
+         f"{run.trace_capacity:.0f} / " + (f"{run.capacity:.0f}" if run.capacity else "-") + " output tokens/s"),
         ("replicas running at the step", str(run.before_step)),
         ("from the step to the second replica serving", s(run.second_at, run.stepped)),
         ("requests of the step before it served", f"{len(warm)}: {answered} answered, {len(refused)} refused "
@@ -192,7 +196,8 @@ def figures(run: Run) -> list[tuple[str, str]]:
         ("from the drop to one replica", s(run.back_at, run.dropped)),
         ("requests after the drop: failed or timed out", f"{len(failed)} of {len(after)}"),
         (f"long streams ({LONG_OUTPUT} tokens) broken",
-         f"{len(broken)} of {sum(1 for r in after if r.kind == 'long')}"),
+         f"{len(broken)} of {len(longs)}" + (f" ({n} refused with 429)" if (n := sum(r.status == 429 for r in longs))
+                                             else "")),
     ]
 
 
@@ -240,6 +245,9 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policies", default="token_demand",
                    help=f"comma-separated, run in this order: {', '.join(POLICIES)} (default token_demand)")
+    p.add_argument("--capacity", type=float, default=None,
+                   help="one replica's output tokens/s the trace is built on (default: as the first run's replica "
+                        "reports it before the step)")
     p.add_argument("--step-x", type=float, default=3.0, help="the step, in one replica's capacity (default 3)")
     p.add_argument("--step-s", type=float, default=240.0, help="how long the step lasts, seconds")
     p.add_argument("--after-s", type=float, default=420.0, help="how long the light load after the step lasts")
@@ -255,8 +263,8 @@ def main(argv: list[str]) -> int:
     command = command_line("autoscaling", argv)
     runs: list[tuple[str, Run]] = []
     try:
-        for policy in policies:  # the first run's measured capacity sets the trace for all: the same load
-            runs.append((POLICIES[policy], _one_run(policy, o, runs[0][1].capacity if runs else None)))
+        for policy in policies:  # one capacity sets the trace for all (the first run's, unless given): the same load
+            runs.append((POLICIES[policy], _one_run(policy, o, runs[0][1].trace_capacity if runs else o.capacity)))
     except KeyboardInterrupt:
         say("interrupted")
         return 1

@@ -12,7 +12,8 @@ BASELINE = "power_of_two"
 RAY_SHIPPED = "ray_prefix_router"
 LABELS = {"earliest_first_token": "this router (earliest first token)", "power_of_two": "power of two (Serve's)",
           RAY_SHIPPED: "Ray Serve LLM, PrefixCacheAffinityRouter as shipped",
-          "ray_prefix_router_balanced": "Ray Serve LLM, PrefixCacheAffinityRouter, load fallback at 2"}
+          "ray_prefix_router_balanced": "Ray Serve LLM, PrefixCacheAffinityRouter, load fallback at 2",
+          "vllm_router": "vllm-router, cache_aware, 2 bare vLLM servers"}
 
 
 def _s(value: float | None, digits: int = 2) -> str:

@@ -25,6 +25,7 @@ def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
         _rec("step", 200.0),  # after the second replica came
         _rec("long", 401.0),
         _rec("long", 402.0, "failed", 200, 1.0),  # a broken stream
+        _rec("long", 403.0, "refused", 429, None, "5"),  # refused at once: not broken
         _rec("after", 450.0, "timed_out", None, None),
     ]
     run.ended = 700.0
@@ -39,8 +40,8 @@ def test_the_report_counts_the_warm_up_refusals_and_what_the_scale_down_broke():
     # 1 replica 100-150, 2 (one starting) 150-550, 1 from 550 to the end at 700
     assert "| replica-seconds from the step to the end | 1000 |" in text
     assert "| from the drop to one replica | 150 s |" in text
-    assert "| requests after the drop: failed or timed out | 2 of 3 |" in text
-    assert "| long streams (400 tokens) broken | 1 of 2 |" in text
+    assert "| requests after the drop: failed or timed out | 2 of 4 |" in text
+    assert "| long streams (400 tokens) broken | 1 of 3 (1 refused with 429) |" in text
 
 
 def test_a_replica_that_never_came_says_so():

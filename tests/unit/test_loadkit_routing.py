@@ -3,6 +3,10 @@ judged as ratios to the power-of-two router of the same run."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
 from loadkit.routing.drive import Outcome
 from loadkit.routing.figures import Row, delta, scrape
 from loadkit.routing.report import section, targets
@@ -100,3 +104,44 @@ def test_ray_serve_llm_is_deployed_with_the_service_s_engine_settings_and_its_pr
     balanced = ray_llm.serve_config(8123, "llm", "m", "/models/m", ours, 2)
     assert balanced["applications"][0]["args"]["llm_configs"][0]["deployment_config"]["request_router_config"][
         "request_router_kwargs"] == {"imbalanced_threshold": 2}
+
+
+def test_vllm_router_fronts_two_bare_vllm_servers_with_the_service_s_engine_settings():
+    from loadkit.routing import vllm_router
+    from loadkit.routing.run import SYSTEMS, serve_config
+
+    ours = serve_config(8123, "power_of_two", 0.25)["applications"][0]["args"]["config"]["models"][0]["engine"]
+    command = vllm_router.server_command(9001, "m", "/models/m", ours)
+    flag = {a: command[i + 1] for i, a in enumerate(command[:-1]) if a.startswith("--")}
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert (flag["--model"], flag["--served-model-name"], flag["--port"]) == ("/models/m", "m", "9001")
+    assert (flag["--max-model-len"], flag["--max-num-seqs"], flag["--dtype"]) == (
+        str(ours["max_model_len"]), str(ours["max_num_seqs"]), ours["dtype"])
+    assert flag["--kv-cache-memory-bytes"] == str(2**28)
+    assert "--enforce-eager" in command and "--enable-prompt-tokens-details" in command
+    router = vllm_router.router_command(8123, ["http://127.0.0.1:9001", "http://127.0.0.1:9002"])
+    assert router[router.index("--policy") + 1] == "cache_aware" and router[router.index("--port") + 1] == "8123"
+    assert router[router.index("--worker-urls") + 1:][:2] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
+    assert vllm_router.SYSTEM in SYSTEMS
+
+
+def test_the_bare_servers_counters_are_read_one_replica_per_server(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    from loadkit.routing import vllm_router
+
+    texts = iter([
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 128.0\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 256.0\n',
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 0.0\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n',
+    ])
+
+    class Answer:
+        def __init__(self, text: str):
+            self.text = text
+
+    monkeypatch.setattr(vllm_router.httpx, "get", lambda url, timeout: Answer(next(texts)))
+    fleet = vllm_router.VllmRouterFleet(8123, "m", "/models/m", {}, tmp_path)
+    fleet.servers = [SimpleNamespace(base_url=f"http://127.0.0.1:{port}") for port in (1, 2)]
+    counters = fleet.metrics()
+    assert counters["vllm:prefix_cache_hits"] == {"vllm-0": 128.0, "vllm-1": 0.0}
+    assert counters["vllm:prefix_cache_queries"] == {"vllm-0": 256.0, "vllm-1": 100.0}

@@ -18,7 +18,9 @@ class AutoscalingSettings(StrictModel):
         "token_demand",
         description="`token_demand`: the service's policy (demand in output tokens/s, served and refused by time, "
         "against one replica's measured capacity). `ongoing_requests`: Ray Serve's default policy, "
-        "`target_ongoing_requests` in flight per replica (it does not see requests refused by time).",
+        "`target_ongoing_requests` in flight per replica (it does not see requests refused by time; /stats and "
+        "/metrics then show no scaling decision, and a refusal while a replica starts does not say when it will "
+        "serve).",
     )
     target_ongoing_requests: float | None = Field(
         None, gt=0, description="With `policy: ongoing_requests` only: requests in flight per replica that Serve "

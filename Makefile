@@ -84,8 +84,8 @@ burst: setup
 chaos: setup
 	$(PY) -m loadkit chaos
 
-# The fleet router against power-of-two and Ray Serve LLM's prefix router on a local multi-node cluster, four
-# workloads (docs/routing.md); Ray Serve LLM imports what the `bench` extra installs.
+# The fleet router against power-of-two, Ray Serve LLM's prefix router and vllm-router on a local multi-node
+# cluster, four workloads (docs/routing.md); the peers need what the `bench` extra installs.
 routing: setup-bench
 	$(PY) -m loadkit routing
 

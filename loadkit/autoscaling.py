@@ -117,7 +117,7 @@ async def _warm(run: Run, send_one: Callable[[Ask, str], None], rng: random.Rand
 async def drive(base: str, key: str, cluster: LocalCluster, o: argparse.Namespace, capacity: float | None) -> Run:
     """One policy's trace; `capacity`: one replica's output tokens/s as an earlier run measured it (None: this
     run's replica reports it, as the service's policy has it)."""
-    run, rng, stop = Run(), random.Random(o.seed), asyncio.Event()  # the same seed: the same arrivals
+    run, stop = Run(), asyncio.Event()
     client, log = make_client(base, timeout_s=600, api_key=key, max_retries=0)
     prompts, tasks = PromptMaker(), set()
 
@@ -129,7 +129,10 @@ async def drive(base: str, key: str, cluster: LocalCluster, o: argparse.Namespac
         task.add_done_callback(tasks.discard)
 
     watcher = asyncio.create_task(_watch(run, cluster, base, key, stop))
-    await _warm(run, send_one, rng, capacity is None)
+    # The warm-up lasts as long as each run needs: it draws from a generator of its own, so that every run's trace
+    # (light, step, after) has the same arrival times, from `o.seed`.
+    await _warm(run, send_one, random.Random(f"warm-{o.seed}"), capacity is None)
+    rng = random.Random(o.seed)
     run.trace_capacity = capacity or run.capacity
     per_request = OUTPUT  # decode steps a request asks for
     light, step = run.trace_capacity / 4 / per_request, o.step_x * run.trace_capacity / per_request

@@ -135,8 +135,8 @@ def run(o: argparse.Namespace, env: dict[str, str], key: str) -> dict[str, dict[
     for round_ in range(o.rounds):
         order = o.systems if round_ % 2 == 0 else list(reversed(o.systems))
         for system in order:
-            started = time.monotonic()
             if system == VLLM_ROUTER:  # its own processes, on the cores the idle cluster's workers have
+                started = time.monotonic()
                 with VllmRouterFleet(port, MODEL_ID, o.model_dir, _engine(o), o.work_dir) as fleet:
                     log(f"round {round_ + 1}: {system} started in {time.monotonic() - started:.0f} s")
                     _workloads(o, system, round_, base, key, tokenizer, rows, fleet.metrics)

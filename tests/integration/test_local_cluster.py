@@ -396,8 +396,14 @@ def test_a_stopped_engine_is_declared_wedged_and_costs_no_request(two_replicas: 
         assert s.whole() is None, s.whole()  # finish "length", usage counted over the whole answer
         assert s.usage.prompt_tokens == reference.usage.prompt_tokens  # the prompt once, not the continuation's
     assert moved, "no request was on the stopped engine: the test proved nothing about moving one"
-    # Operators see every replica: one scrape reports both, and the wedge on the one that had it.
-    metrics = httpx.get(f"{two_replicas.base_url}/metrics", timeout=60).text.splitlines()
+    # Operators see every replica: one scrape reports both, and the wedge on the one that had it. A replacement
+    # replica reaches an ingress's router by Serve's long poll, after the controller counts it running, and the 6
+    # answers above may all come from the other replica: a scrape once listed only one (fresh-clone CI, 2 cores).
+    def scrape() -> list[str] | None:
+        lines = httpx.get(f"{two_replicas.base_url}/metrics", timeout=60).text.splitlines()
+        return lines if sum(ln.startswith("app_replica_up{") for ln in lines) >= 2 else None
+
+    metrics = wait_until(scrape, timeout_s=60, interval_s=1, what="a scrape that reports both replicas")
     up = {ln.split('replica="')[1].split('"')[0]: ln.endswith(" 1.0")
           for ln in metrics if ln.startswith("app_replica_up{")}
     assert len(up) == 2 and all(up.values()), up

@@ -21,6 +21,8 @@ EXPERIMENTS = {  # name -> (module with main(argv), what it does; its doc)
                  "(docs/tenants.md)"),
     "autoscaling": ("loadkit.autoscaling", "the default config's 1-2 replicas under a step of load on a local "
                     "cluster (docs/autoscaling.md)"),
+    "capacity": ("loadkit.capacity", "the capacity a replica reports through light and full load "
+                 "(docs/autoscaling.md)"),
     "routing": ("loadkit.routing.run", "the fleet router against power-of-two on a local cluster (docs/routing.md)"),
     "chaos": ("loadkit.chaos.run", "issue 13's faults under steady load on a local cluster (docs/chaos.md)"),
     "differential": ("loadkit.differential.run", "the same requests to this service and bare vLLM "

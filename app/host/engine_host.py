@@ -108,7 +108,7 @@ class EngineHost:
 
     def _prefill_tokens_per_s(self) -> float | None:  # not measured yet: None, the watch's slow unmeasured rate
         pace = self.admission.pace
-        return pace.stats(self.admission.stats().running).prefill_tokens_per_s if pace and pace.ready else None
+        return pace.prefill_tokens_per_s() if pace and pace.ready else None
 
     # -- the request path -------------------------------------------------
 
@@ -274,7 +274,7 @@ class EngineHost:
         return {"local": await self.stats()}
 
     async def stats(self) -> ReplicaStats:
-        sup = self.supervisor
+        sup, a = self.supervisor, self.admission
         return ReplicaStats(
             model=self.model.id,
             ready=sup.ready,
@@ -282,7 +282,7 @@ class EngineHost:
             admission=self.admission.stats(),
             engine=sup.engine.stats(),
             kv_cache_tokens=sup.engine.kv_cache_tokens if sup.ready else 0,
-            pace=self.admission.pace.stats(self.admission.stats().running) if self.admission.pace else PaceStats(),
+            pace=a.pace.stats(a.stats().running, a.max_running) if a.pace else PaceStats(),
             wedged_total=sup.wedged_total,
             restarts_total=sup.restarts_total,
             restarting=sup.state is EngineState.RESTARTING,

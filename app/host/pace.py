@@ -24,14 +24,15 @@ have been measured: until then admission is by count alone (a fresh replica refu
 from __future__ import annotations
 
 import heapq
-import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-WINDOW = 256  # samples per fit: recent enough to follow a change of speed, enough to be stable
+from app.host.demand import effective_capacity
+from app.host.rate_fit import RateFit
+
 # Lateness: how much later than the model said admitted requests really got their first token, as the 90th
 # percentile of actual / predicted over the last LATENESS_WINDOW admissions that waited for one (at least
 # LATENESS_MIN_SAMPLES), clamped to [1, LATENESS_MAX]; every prediction is multiplied by it. The model alone
@@ -41,89 +42,15 @@ LATENESS_WINDOW = 64
 LATENESS_MIN_SAMPLES = 8
 LATENESS_MAX = 4.0
 MIN_SAMPLES = 4  # first-token samples before any prediction
-# The least standard deviation of a feature in the window for its rate to be fitted (else held, _Line): a stream
+# The least standard deviation of a feature in the window for its rate to be fitted (else held, RateFit): a stream
 # more or less in the batch, a short sentence more or less to prefill.
 BATCH_SPREAD = 1.0
 TOKENS_SPREAD = 8.0
 SETTLED = 32  # finished requests and first tokens before the prefill rate counts against capacity
-# A fit is recomputed when asked for after _REFIT_S or _REFIT_SAMPLES new samples, whichever comes first: a
-# least-squares over 256 rows costs ~30 us, and decode samples come once per token of every stream.
-_REFIT_S = 0.25
-_REFIT_SAMPLES = 32
-
-
-class _Line:
-    """y ~ x @ coef over the last WINDOW samples, coefficients kept non-negative (a rate cannot be)."""
-
-    def __init__(self, min_spread: tuple[float, ...]):
-        self._rows: deque[tuple[float, ...]] = deque(maxlen=WINDOW)
-        self._features = len(min_spread)
-        # A feature whose values in the window spread less than its min_spread (standard deviation) cannot tell its
-        # rate: least squares splits the time between it and the intercept at random (numpy's minimum norm). A
-        # replica serving 4 streams for 5 s put its 16-stream capacity at 52 tokens/s instead of 200 that way, and the
-        # autoscaler scaled back up right after a scale-down (the local cluster's flap). Such a window keeps the
-        # shape last measured with spread (`_shape`: the intercept and those rates) and fits only its level. Until
-        # one is measured, least squares as it falls: pessimistic at batches not seen yet, which admission needs (a
-        # step taken as the same at any batch admitted the polite client at the hostile run's start, then refused
-        # it late: first 200 after 24.8 s instead of 12.5 s, docs/tenants.md).
-        self._min_spread = min_spread
-        self._shape: np.ndarray | None = None
-        self._coef: np.ndarray | None = None
-        self._fitted_at = -1.0
-        self._new = 0  # samples since the last fit
-
-    def add(self, x: Sequence[float], y: float) -> None:
-        if self._new >= WINDOW // 2:  # fitted at least once a half window, asked or not: `_shape` sees every window
-            self._refit(time.monotonic())
-        self._rows.append((*x, y))
-        self._new += 1
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def coef(self) -> np.ndarray | None:
-        now = time.monotonic()
-        stale = self._coef is None or now - self._fitted_at >= _REFIT_S or self._new >= _REFIT_SAMPLES
-        if self._new and stale:
-            self._refit(now)
-        return self._coef
-
-    def _refit(self, now: float) -> None:
-        self._coef, self._fitted_at, self._new = self._fit(), now, 0
-
-    def _fit(self) -> np.ndarray | None:
-        """Least squares; the intercept and the rates of features without spread scaled together from `_shape`; a
-        rate that comes out negative (too little spread to tell) is dropped and the rest refitted, so that none is."""
-        if not self._rows:
-            return None
-        data = np.asarray(self._rows, dtype=float)
-        x = np.column_stack([np.ones(len(data)), data[:, : self._features]])
-        y = data[:, self._features]
-        lacking = [i for i in range(1, self._features + 1) if float(np.std(x[:, i])) < self._min_spread[i - 1]]
-        held = lacking if self._shape is not None else []
-        shape = self._shape[[0, *held]] if self._shape is not None and held else np.ones(1)
-        x[:, 0] = x[:, [0, *held]] @ shape  # the level: one factor for the intercept and the held rates
-        if not x[:, 0].any():
-            x[:, 0], shape = 1.0, np.eye(len(shape))[0]
-        active = [0, *(i for i in range(1, self._features + 1) if i not in held)]
-        while True:
-            fitted = np.zeros(self._features + 1)
-            fitted[active] = np.linalg.lstsq(x[:, active], y, rcond=None)[0]
-            negative = [i for i in active if i > 0 and fitted[i] < 0]
-            if not negative:
-                break
-            active.remove(min(negative, key=lambda i: fitted[i]))
-        coef = fitted.copy()
-        coef[[0, *held]] = fitted[0] * shape
-        if not lacking:
-            self._shape = coef
-        return coef
-
-    def at(self, *x: float) -> float | None:
-        coef = self.coef()
-        if coef is None:
-            return None
-        return float(coef[0] + sum(c * v for c, v in zip(coef[1:], x, strict=True)))
+# A decode window whose largest batch reached this share of the slots measured a full batch's pace (a short
+# extrapolation); from a light load alone (1-3 streams) the fit's slope times 32 put capacity at 25-96 output tokens/s
+# on the 2-core EPYC where full batches measured 189-295 (docs/autoscaling.md).
+FULL_BATCH_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -158,16 +85,18 @@ class PaceStats:
     decode_s_per_token: float | None = None  # d + e * (current batch): one stream's time per token, now
     output_share: float = 1.0  # share of max_tokens generated, on average
     lateness: float = 1.0  # predictions are multiplied by this (actual / predicted first token, p90)
+    capacity_tokens_per_s: float | None = None  # at a full batch, for the prompts served (what autoscaling plans on)
 
 
 class EnginePace:
     def __init__(self) -> None:
-        self._ttft = _Line(min_spread=(TOKENS_SPREAD, BATCH_SPREAD))  # (backlog tokens, batch) -> seconds
-        self._decode = _Line(min_spread=(BATCH_SPREAD,))  # (batch,) -> seconds per token
+        self._ttft = RateFit(min_spread=(TOKENS_SPREAD, BATCH_SPREAD))  # (backlog tokens, batch) -> seconds
+        self._decode = RateFit(min_spread=(BATCH_SPREAD,))  # (batch,) -> seconds per token
         self._output_share = 1.0  # moving average of generated / max_tokens; 1.0 (the worst case) at first
         self._prompt_mean = self._output_mean = 0.0  # moving averages of a finished request's prompt and output
         self._finished = 0
         self._late: deque[float] = deque(maxlen=LATENESS_WINDOW)  # actual / predicted first token
+        self._full_batch: float | None = None  # output tokens/s last measured near a full batch
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -274,24 +203,43 @@ class EnginePace:
         coef = self._ttft.coef() if self.ready else None
         return None if coef is None else float(coef[1]) * self.lateness()
 
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens prefilled per second (1 / the fit's `b`; None: not measured, or no rate in the window)."""
+        coef = self._ttft.coef()
+        return float(1.0 / coef[1]) if coef is not None and coef[1] > 0 else None
+
     def output_tokens_per_s(self, batch: int) -> float | None:
         """Output tokens per second the engine makes with `batch` streams decoding (None: not measured)."""
         step = self._per_token_s(max(1, batch)) if len(self._decode) else 0.0
         return batch / step if step > 0 else None
+
+    def capacity(self, max_running: int) -> float | None:
+        """Output tokens per second at a full batch of `max_running` for the prompts served (host/demand.py): the
+        decode pace last measured near a full batch (FULL_BATCH_SHARE), or extrapolated until one was, less the
+        engine time the prompts' prefill takes. The prefill rate is the fit's own, without the lateness: that
+        corrects predicted waits in a queue, not the engine's work."""
+        decode, largest = self.output_tokens_per_s(max_running), self._decode.largest(0)
+        if decode is not None and largest is not None and largest >= FULL_BATCH_SHARE * max_running:
+            self._full_batch = decode
+        decode = self._full_batch if self._full_batch is not None else decode
+        coef = self._ttft.coef() if self.ready else None
+        prefill = None if coef is None else float(coef[1])
+        return None if decode is None else effective_capacity(decode, prefill, self.prompt_per_output() or 0.0)
 
     def per_request_s(self) -> float | None:
         """Seconds each more request in the batch adds to a first token (the fit's `c`, times the lateness)."""
         coef = self._ttft.coef() if self.ready else None
         return None if coef is None else float(coef[2]) * self.lateness()
 
-    def stats(self, batch: int) -> PaceStats:
-        coef = self._ttft.coef()
+    def stats(self, batch: int, max_running: int) -> PaceStats:
+        coef, capacity, prefill = self._ttft.coef(), self.capacity(max_running), self.prefill_tokens_per_s()
         batch = max(1, batch)
         return PaceStats(
             samples=len(self._ttft),
-            prefill_tokens_per_s=round(1.0 / float(coef[1]), 1) if coef is not None and coef[1] > 0 else None,
+            prefill_tokens_per_s=None if prefill is None else round(prefill, 1),
             first_token_base_s=round(self._first_token_s(1, batch), 4) if coef is not None else None,
             decode_s_per_token=round(self._per_token_s(batch), 5) if len(self._decode) else None,
             output_share=round(self._output_share, 3),
             lateness=round(self.lateness(), 3),
+            capacity_tokens_per_s=None if capacity is None else round(capacity, 1),
         )

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from app.host.demand import effective_capacity
-
 if TYPE_CHECKING:
     from app.host.admission import Admission
     from app.host.supervisor import EngineSupervisor
@@ -62,9 +60,7 @@ def scaling_figures(a: Admission) -> dict[str, float]:
     look-back window."""
     served, refused = a.demand.rates()
     figures = {"served": served, "refused": refused, "in_system": float(a.stats().in_system)}
-    decode = a.pace.output_tokens_per_s(a.max_running) if a.pace is not None else None
-    capacity = None if decode is None or a.pace is None else effective_capacity(
-        decode, a.pace.prefill_s_per_token(), a.pace.prompt_per_output() or 0.0)
+    capacity = a.pace.capacity(a.max_running) if a.pace is not None else None
     wait = a.predicted_wait_s()
     figures.update({k: v for k, v in (("capacity", capacity), ("wait_s", wait)) if v is not None})
     return figures

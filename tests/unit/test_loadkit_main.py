@@ -21,7 +21,7 @@ def test_help_lists_every_experiment(capsys):
     assert all(f"  {name} " in out for name in EXPERIMENTS)
     assert set(EXPERIMENTS) == {"bench", "goodput", "overload", "burst", "hostile", "chaos", "routing", "tenants",
                                 "fairness", "autoscaling", "differential",
-                                "prefill-share", "probe"}
+                                "prefill-share", "probe", "capacity"}
 
 
 def test_no_or_an_unknown_experiment_is_a_usage_error(capsys):

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from app.host.pace import MIN_SAMPLES, WINDOW, EnginePace, Work
+from app.host.pace import MIN_SAMPLES, EnginePace, Work
+from app.host.rate_fit import WINDOW
 
 
 def _trained(prefill_s_per_token: float = 0.002, step_s: float = 0.01, per_batch_s: float = 0.005) -> EnginePace:
@@ -31,7 +32,7 @@ def test_nothing_is_predicted_until_enough_requests_were_measured():
 
 
 def test_the_rates_are_recovered_from_the_samples():
-    stats = _trained().stats(batch=8)
+    stats = _trained().stats(batch=8, max_running=32)
     assert stats.prefill_tokens_per_s == pytest.approx(500, rel=0.01)
     assert stats.decode_s_per_token == pytest.approx(0.01 + 0.005 * 8, rel=0.01)
 
@@ -63,10 +64,10 @@ def test_queued_prompts_ahead_add_their_prefill_to_the_newcomers_first_token():
 
 def test_the_estimates_follow_a_change_of_engine_speed():
     pace = _trained(step_s=0.01)
-    slow = pace.stats(batch=4).decode_s_per_token
+    slow = pace.stats(batch=4, max_running=32).decode_s_per_token
     for _ in range(WINDOW):  # the engine got four times faster
         pace.decoded(4, 4, 4 * 0.0075)
-    fast = pace.stats(batch=4).decode_s_per_token
+    fast = pace.stats(batch=4, max_running=32).decode_s_per_token
     assert slow == pytest.approx(0.03, rel=0.01) and fast == pytest.approx(0.0075, rel=0.05)
 
 
@@ -77,7 +78,7 @@ def test_the_expected_output_length_follows_what_requests_really_generate():
         pace.finished(generated=50, max_tokens=200)  # they stop at a quarter of max_tokens
     after = pace.predict(Work(10, 200), [], [], 4)
     assert before is not None and after is not None
-    assert pace.stats(1).output_share == pytest.approx(0.25, abs=0.02)
+    assert pace.stats(1, max_running=32).output_share == pytest.approx(0.25, abs=0.02)
     assert after.finish_s - after.first_token_s == pytest.approx((before.finish_s - before.first_token_s) / 4, rel=0.1)
 
 
@@ -105,8 +106,8 @@ def test_a_window_at_one_batch_scales_the_shape_measured_across_batches_to_its_l
         pace.decoded(4, 1, 0.01 + 0.005 * 4)
     for _ in range(WINDOW):  # ... and the engine gets twice slower (a noisy neighbour)
         pace.decoded(4, 1, 2 * (0.01 + 0.005 * 4))
-    assert pace.stats(batch=16).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005 * 16), rel=0.02)
-    assert pace.stats(batch=1).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005), rel=0.02)
+    assert pace.stats(batch=16, max_running=32).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005 * 16), rel=0.02)
+    assert pace.stats(batch=1, max_running=32).decode_s_per_token == pytest.approx(2 * (0.01 + 0.005), rel=0.02)
 
 
 def test_until_the_batch_has_varied_a_bigger_batch_is_predicted_slower():
@@ -115,7 +116,7 @@ def test_until_the_batch_has_varied_a_bigger_batch_is_predicted_slower():
     pace = EnginePace()
     for _ in range(WINDOW):
         pace.decoded(1, 1, 0.02)
-    assert pace.stats(batch=32).decode_s_per_token > 4 * pace.stats(batch=1).decode_s_per_token
+    assert pace.stats(batch=32, max_running=32).decode_s_per_token > 4 * pace.stats(batch=1, max_running=32).decode_s_per_token
 
 
 def test_predictions_grow_by_how_late_admitted_requests_really_were():
@@ -139,3 +140,48 @@ def test_early_first_tokens_never_shrink_the_predictions():
     for _ in range(20):
         pace.observed(predicted_s=2.0, actual_s=0.5)
     assert pace.lateness() == 1.0
+
+
+def _light_load(pace: EnginePace, slope_s: float) -> None:
+    """A window of 1-4 streams whose steps grow with the batch by `slope_s` per stream: the client's own work and
+    the HTTP path share the engine's cores, so a light load's steps slow with each stream more than the engine's."""
+    rng = random.Random(2)
+    for _ in range(WINDOW):
+        batch = rng.randint(1, 4)
+        pace.decoded(batch, 1, 0.01 + slope_s * batch)
+
+
+def test_capacity_measured_near_a_full_batch_is_kept_through_a_light_load():
+    """A light load's fit extrapolated to 32 streams put capacity at a third of what full batches measured, and the
+    scale-down after a step wavered for minutes on it (docs/autoscaling.md)."""
+    pace = EnginePace()
+    for batch in (16, 24, 32) * (WINDOW // 3):  # a full batch: 0.01 + 0.002 x batch per token
+        pace.decoded(batch, 1, 0.01 + 0.002 * batch)
+    full = pace.capacity(32)
+    assert full == pytest.approx(32 / (0.01 + 0.002 * 32), rel=0.02)
+    _light_load(pace, slope_s=0.01)
+    assert pace.output_tokens_per_s(32) < full / 2  # the light window's own extrapolation
+    assert pace.capacity(32) == full
+    assert pace.stats(batch=2, max_running=32).capacity_tokens_per_s == pytest.approx(full, abs=0.1)
+
+
+def test_until_a_full_batch_was_measured_capacity_is_the_extrapolation_and_a_new_full_batch_replaces_it():
+    pace = EnginePace()
+    _light_load(pace, slope_s=0.01)
+    assert pace.capacity(32) == pytest.approx(pace.output_tokens_per_s(32))
+    for batch in (16, 24, 32) * (WINDOW // 3):  # full batches on an engine twice as slow (a noisy neighbour)
+        pace.decoded(batch, 1, 2 * (0.01 + 0.002 * batch))
+    assert pace.capacity(32) == pytest.approx(32 / (2 * (0.01 + 0.002 * 32)), rel=0.02)
+
+
+def test_capacity_counts_prefill_at_the_engine_s_rate_not_the_queue_s_lateness():
+    """The lateness corrects predicted waits in a queue; an overload's lateness of 4 would have cut capacity by
+    the prefill's share four times over."""
+    pace = _trained(prefill_s_per_token=0.002, step_s=0.01, per_batch_s=0.0)
+    for _ in range(32):
+        pace.finished(10, 10, prompt_tokens=20)  # 2 prompt tokens per output token
+    before = pace.capacity(16)
+    assert before == pytest.approx(1 / (0.01 / 16 + 0.002 * 2), rel=0.02)
+    for _ in range(64):
+        pace.observed(1.0, 4.0)  # admitted requests saw their first tokens 4x later than predicted
+    assert pace.lateness() > 1 and pace.capacity(16) == pytest.approx(before)

@@ -5,8 +5,8 @@ they refused by time (a refused request counts as the output it would have had).
 for an LLM (one asks for 20 tokens, the next for 2,000), and this service refuses at once the requests it predicts
 would miss their first-token target, so unmet demand never shows as a queue a count-based policy could see.
 
-One replica's capacity is what it makes at a full batch, as it measured (the median of the replicas that have); the
-policy plans for `target_utilization` of it:
+One replica's capacity is what it makes at a full batch, as it last measured near one (host/pace.py; the median of the
+replicas that have measured any); the policy plans for `target_utilization` of it:
 
     desired = ceil(demand / (capacity x target_utilization))
 

@@ -213,6 +213,11 @@ class EnginePace:
         step = self._per_token_s(max(1, batch)) if len(self._decode) else 0.0
         return batch / step if step > 0 else None
 
+    @property
+    def measured_full_batch(self) -> bool:
+        """Whether `capacity` comes from a decode pace measured near a full batch (else it is extrapolated)."""
+        return self._full_batch is not None
+
     def capacity(self, max_running: int) -> float | None:
         """Output tokens per second at a full batch of `max_running` for the prompts served (host/demand.py): the
         decode pace last measured near a full batch (FULL_BATCH_SHARE), or extrapolated until one was, less the

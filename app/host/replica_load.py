@@ -55,14 +55,16 @@ class ReplicaLoad:
 
 def scaling_figures(a: Admission) -> dict[str, float]:
     """Decode steps per second (one per stream per token) this replica served and refused by time over the last
-    10 s (host/demand.py), what it makes at a full batch for the prompts it serves (`capacity`, once measured) and
-    the first token a newcomer would see now (`wait_s`, once measured). Serve averages each over the policy's
-    look-back window."""
+    10 s (host/demand.py), what it makes at a full batch for the prompts it serves (`capacity`, once measured;
+    `full_batch` 1 where measured near one, 0 where extrapolated from a lighter load) and the first token a newcomer
+    would see now (`wait_s`, once measured). Serve averages each over the policy's look-back window."""
     served, refused = a.demand.rates()
     figures = {"served": served, "refused": refused, "in_system": float(a.stats().in_system)}
     capacity = a.pace.capacity(a.max_running) if a.pace is not None else None
     wait = a.predicted_wait_s()
     figures.update({k: v for k, v in (("capacity", capacity), ("wait_s", wait)) if v is not None})
+    if capacity is not None and a.pace is not None:
+        figures["full_batch"] = 1.0 if a.pace.measured_full_batch else 0.0
     return figures
 
 

@@ -37,6 +37,7 @@ class ReplicaFigures:
     refused: float = 0.0  # ... refused by time
     capacity: float | None = None  # ... it makes at a full batch; None until measured
     wait_s: float | None = None  # the first token a newcomer would see now; None until measured
+    full_batch: float = 0.0  # the share of the window its capacity was measured near a full batch, not extrapolated
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,14 @@ class Knobs:
     max_replicas: int
     target_utilization: float = 0.8
     ttft_target_s: float | None = 10.0
+
+
+def planning_capacities(replicas: list[ReplicaFigures]) -> list[float]:
+    """The capacities to plan on: those measured near a full batch, where any replica has (a light load's
+    extrapolation reads a third to half of it: 144 beside 225 tokens/s after the real cluster's step, docs/
+    autoscaling.md); else every one reported."""
+    full = [r.capacity for r in replicas if r.capacity and r.full_batch >= 0.5]
+    return full or [r.capacity for r in replicas if r.capacity]
 
 
 def _demand(replicas: list[ReplicaFigures]) -> float:
@@ -59,7 +68,7 @@ def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs,
     (default: the same). Up follows the recent figures (a step shows there within seconds; the look-back average put
     the first decision 30 s later and then asked for one replica at a time), down only what both windows allow."""
     recent = recent if recent is not None else replicas
-    measured = [r.capacity for r in [*replicas, *recent] if r.capacity]
+    measured = planning_capacities([*replicas, *recent])
     waits = [r.wait_s for r in recent if r.wait_s is not None]
     planned = statistics.median(measured) * knobs.target_utilization if measured else None
     busy = planned is None or _demand(recent) > current * planned * DOWN_MARGIN

@@ -23,7 +23,7 @@ from ray.serve.config import AutoscalingContext
 
 from app.config.autoscaling import AutoscalingSettings
 from app.scaling.decision import KV_NAMESPACE, ScalingDecision, kv_key
-from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
+from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas, planning_capacities
 
 # Under "ray.serve": the policy runs in Serve's controller, whose log file takes that logger's records only.
 log = logging.getLogger("ray.serve").getChild(__name__)
@@ -34,7 +34,7 @@ LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacit
 # Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
 # load shows there at once, where the look-back average lags it by half its window.
 RECENT_S = 10.0
-_FIGURES = ("served", "refused", "capacity", "wait_s")
+_FIGURES = ("served", "refused", "capacity", "wait_s", "full_batch")
 
 
 def _recent(raw: dict[str, dict[Any, list[Any]]]) -> dict[str, dict[Any, float]]:
@@ -84,7 +84,7 @@ def _with_known_capacity(state: dict[str, Any], stable: list[ReplicaFigures], re
     last measured capacity: the replicas are alike, and an unknown capacity reads as busy (policy.py), which, with
     the refusals still in the look-back, scaled straight back up after a scale-down (seen on the local cluster).
     Measured is what policy.py takes the median of: both windows."""
-    measured = [r.capacity for r in [*stable, *(recent or ())] if r.capacity]
+    measured = planning_capacities([*stable, *(recent or ())])
     if measured:
         state[LAST_CAPACITY] = statistics.median(measured)
         return stable, recent
@@ -95,7 +95,7 @@ def _with_known_capacity(state: dict[str, Any], stable: list[ReplicaFigures], re
 
 
 def _decision(ctx: AutoscalingContext, desired: int, stable: list[ReplicaFigures], now: float) -> ScalingDecision:
-    capacities = [r.capacity for r in stable if r.capacity]
+    capacities = planning_capacities(stable)
     waits = [r.wait_s for r in stable if r.wait_s is not None]
     starts = [v for v in ((ctx.aggregated_metrics or {}).get("start_s") or {}).values() if v]
     return ScalingDecision(
@@ -123,7 +123,8 @@ def _figures(running: list[Any], metrics: dict[str, dict[Any, float]]) -> list[R
         values = {name: metrics.get(name, {}).get(replica) for name in _FIGURES}
         if any(v is not None for v in values.values()):
             out.append(ReplicaFigures(served=values["served"] or 0.0, refused=values["refused"] or 0.0,
-                                      capacity=values["capacity"], wait_s=values["wait_s"]))
+                                      capacity=values["capacity"], wait_s=values["wait_s"],
+                                      full_batch=values["full_batch"] or 0.0))
     return out
 
 

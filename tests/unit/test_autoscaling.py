@@ -89,6 +89,7 @@ async def test_a_replica_reports_what_it_served_what_it_refused_by_time_and_its_
         [_ async for _ in host.generate(make_request(f"q{i}", max_tokens=8))]
     figures = host.autoscaling_stats()
     assert figures["served"] == pytest.approx(5 * 8 / 10) and figures["capacity"] > 0 and "wait_s" in figures
+    assert figures["full_batch"] == 1.0  # one slot: every request it ran was a full batch
     stream = host.generate(make_request("long", max_tokens=200))
     # Running for 4 s more: a newcomer would wait past the 0.5 s target, though alone it would make it (a target
     # tighter than a first token alone, 0.05 s, made a loaded machine's refusal "never in time": not demand).
@@ -125,6 +126,18 @@ def test_up_follows_the_recent_figures_and_down_waits_for_both_windows():
     earlier = [_replica(80, refused=150), _replica(0), _replica(0)]
     assert desired_replicas(3, earlier, KNOBS, recent=[_replica(10)] * 3) == 3  # the look-back still holds the peak
     assert desired_replicas(3, [_replica(10)] * 3, KNOBS, recent=[_replica(10)] * 3) == 1
+
+
+def test_capacities_measured_near_a_full_batch_outweigh_a_light_load_s_extrapolation():
+    """After the real cluster's step the kept replica reported 225 tokens/s from its full batches and the new one,
+    which had served little, 144 extrapolated: their median held two replicas at a demand one serves."""
+    full, light = ReplicaFigures(70.0, 0.0, 225.0, 0.1, full_batch=1.0), ReplicaFigures(70.0, 0.0, 144.0, 0.1)
+    assert desired_replicas(2, [full, light], KNOBS) == 1  # 140 against 225 x 0.8 x 0.85 = 153
+    assert desired_replicas(2, [ReplicaFigures(70.0, 0.0, 225.0, 0.1), light], KNOBS) == 2  # neither measured: median
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    ctx = _Context(2, {"served": {"a": 70.0, "b": 70.0}, "refused": {"a": 0.0, "b": 0.0},
+                       "capacity": {"a": 225.0, "b": 144.0}, "full_batch": {"a": 1.0, "b": 0.0}})
+    assert policy(ctx) == (1, {"kept": True, LAST_CAPACITY: 225.0})  # type: ignore[arg-type]
 
 
 def test_nothing_measured_keeps_the_count_and_the_bounds_hold():

@@ -12,7 +12,9 @@ two choices among the replicas that serve, preferring those with room in their a
 queued below capacity), and falls back to all replicas when none qualifies (they then answer 503 or 429
 themselves, honestly, instead of a request waiting in the router). Among its two, Serve's usual queue-length
 probe still picks. A request the ingress retries (handle_backend.py) names the replicas that refused it, and they
-are left out while any other remains. Built on Serve's public `RequestRouter` with its FIFO and locality mixins.
+are left out while any other remains. Built on Serve's public `RequestRouter` with its locality mixin, not its FIFO
+one: that hands the replica chosen for one call to the oldest call waiting, so a ranking or an address made for one
+call served another (two concurrent /metrics calls addressed to two replicas both reached one).
 
 With fleet routing (the default for several replicas; app/routing/), the ingress ranks the replicas itself before
 each call, from what they report here (`replica_loads`) and which prompt prefixes each holds, and passes the ranking
@@ -30,7 +32,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, LocalityMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
 from app.host.replica_load import ReplicaLoad
 
@@ -110,7 +112,7 @@ def pick_two(replicas: list[RunningReplica]) -> list[RunningReplica]:
     return random.sample(pool, min(2, len(pool)))
 
 
-class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
+class ServingReplicaRouter(LocalityMixin, RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         # Imported here, not read as a global: Serve pickles this class by value, and a copy of the registry would
         # be one `replica_ids` never sees.

@@ -97,3 +97,25 @@ async def test_a_call_addressed_to_one_replica_goes_to_it_whatever_the_others_of
     router = ServingReplicaRouter.__new__(ServingReplicaRouter)  # choose_replicas reads none of its state here
     assert await router.choose_replicas([a, b], _Pending([Addressed("b")])) == [[b]]
     assert await router.choose_replicas([a, b], _Pending([Addressed("gone")])) == [[a, b]]
+
+
+async def test_the_replica_chosen_for_a_call_is_the_one_that_call_gets_not_the_oldest_waiting_one():
+    """Serve runs several routing tasks at once; each chooses for its own call. Serve's FIFO mixin hands the replica
+    a task chose to the oldest call still waiting instead, so an address or a fleet ranking made for one call went to
+    another: two concurrent /metrics calls addressed to two replicas could both reach one (the wedge test's scrape
+    listed one replica in 2 of 7 CI runs). This router matches each choice to its own call."""
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
+    from ray.serve.request_router import PendingRequest
+
+    from app.rayserve.request_router import Addressed, ServingReplicaRouter
+
+    router = ServingReplicaRouter(deployment_id=DeploymentID(name="engine", app_name="llm"),
+                                  handle_source=DeploymentHandleSource.UNKNOWN, self_node_id="node")
+    older = PendingRequest(args=[Addressed("x")], kwargs={}, metadata=RequestMetadata("older", "older"))
+    newer = PendingRequest(args=[Addressed("y")], kwargs={}, metadata=RequestMetadata("newer", "newer"))
+    for pending in (older, newer):  # as Serve queues a call for routing
+        router._pending_requests_to_fulfill.append(pending)
+        router._add_pending_request_to_indices(pending)
+    router._fulfill_next_pending_request("replica y", newer.metadata)  # the task routing `newer` chose y
+    assert newer.future.done() and newer.future.result() == "replica y"
+    assert not older.future.done()

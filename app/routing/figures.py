@@ -26,15 +26,17 @@ class ReplicaRouting:
         return self.confirmed_cached_tokens / self.predicted_cached_tokens if self.predicted_cached_tokens else None
 
 
-
 @dataclass(frozen=True)
 class FleetFigures:
-    """The router's figures for one model: per replica, requests refused here, its decision time (p99)."""
+    """The router's figures for one model: per replica, requests refused here, its decision time (p99: wall, and
+    the deciding thread's CPU)."""
 
     replicas: dict[str, ReplicaRouting]
     refused: int = 0
     decision_p99_ms: float | None = None
+    decision_cpu_p99_ms: float | None = None
 
     def as_json(self) -> dict[str, object]:
         return {"refused_over_time_target": self.refused, "decision_p99_ms": self.decision_p99_ms,
+                "decision_cpu_p99_ms": self.decision_cpu_p99_ms,
                 "replicas": {r: {**asdict(f), "precision": f.precision} for r, f in self.replicas.items()}}

@@ -15,10 +15,12 @@ from loadkit.stats import percentile
 COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries", "vllm:prompt_tokens", "app_routed_requests",
             "app_routed_predicted_cached_tokens", "app_routed_confirmed_cached_tokens", "app_routed_first_tokens",
             "app_routed_predicted_first_token_seconds", "app_routed_measured_first_token_seconds")
+# The fleet router's decision time p99: wall, and on the deciding thread's CPU (gauges: kept as read after a workload).
+DECISION_GAUGES = ("app_routing_decision_p99_seconds", "app_routing_decision_cpu_p99_seconds")
 
 
 def scrape(text: str) -> dict[str, dict[str, float]]:
-    """counter name -> replica -> value (summed over other labels); the decision-time gauge under its own name."""
+    """counter name -> replica -> value (summed over other labels); the decision-time gauges under their own names."""
     out: dict[str, dict[str, float]] = defaultdict(dict)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -26,7 +28,7 @@ def scrape(text: str) -> dict[str, dict[str, float]]:
             if name in COUNTERS:
                 replica = sample.labels.get("replica", "")
                 out[name][replica] = out[name].get(replica, 0.0) + sample.value
-            elif name == "app_routing_decision_p99_seconds":
+            elif name in DECISION_GAUGES:
                 out[name][""] = sample.value
     return out
 
@@ -42,7 +44,8 @@ class Row:
     outcomes: list[Outcome] = field(default_factory=list)
     wall_s: float = 0.0
     counters: dict[str, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
-    decision_p99_s: float | None = None
+    decision_p99_s: float | None = None  # the worst over its rounds
+    decision_cpu_p99_s: float | None = None
     shares: list[float] = field(default_factory=list)  # each round's busiest replica's share of prompt tokens
 
     def add(self, outcomes: list[Outcome], wall_s: float, counted: dict[str, dict[str, float]]) -> None:
@@ -52,10 +55,11 @@ class Row:
         if sum(prompt.values()):  # per round: each deployment's replicas have ids of their own
             self.shares.append(max(prompt.values()) / sum(prompt.values()))
         for name, per in counted.items():
-            if name == "app_routing_decision_p99_seconds":
+            if name in DECISION_GAUGES:
                 value = per.get("", float("nan"))
                 if value == value:  # not NaN
-                    self.decision_p99_s = max(self.decision_p99_s or 0.0, value)
+                    attr = "decision_p99_s" if name == DECISION_GAUGES[0] else "decision_cpu_p99_s"
+                    setattr(self, attr, max(getattr(self, attr) or 0.0, value))
                 continue
             for replica, value in per.items():
                 self.counters[name][replica] = self.counters[name].get(replica, 0.0) + value

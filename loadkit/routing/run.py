@@ -35,7 +35,7 @@ from loadkit.peers import APP_NAME, ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, MANIF
 from loadkit.report import command_line, progress
 from loadkit.routing import ray_llm
 from loadkit.routing.drive import drive
-from loadkit.routing.figures import Row, delta, scrape
+from loadkit.routing.figures import DECISION_GAUGES, Row, delta, scrape
 from loadkit.routing.report import plot, section
 from loadkit.routing.vllm_router import SYSTEM as VLLM_ROUTER
 from loadkit.routing.vllm_router import VllmRouterFleet
@@ -117,8 +117,8 @@ def _workloads(o: argparse.Namespace, system: str, round_: int, base: str, key: 
         before = metrics()
         outcomes, wall = asyncio.run(drive(base, MODEL_ID, requests, o.concurrency, key))
         after = metrics()
-        rows[workload][system].add(outcomes, wall, {**delta(before, after), "app_routing_decision_p99_seconds":
-                                                    after.get("app_routing_decision_p99_seconds", {})})
+        gauges = {name: after.get(name, {}) for name in DECISION_GAUGES}
+        rows[workload][system].add(outcomes, wall, {**delta(before, after), **gauges})
         row = rows[workload][system]
         log(f"round {round_ + 1} {system} {workload}: {len(outcomes)} requests in {wall:.0f} s, "
             f"TTFT p50 {row.ttft(50)}, hit rate {row.hit_rate()}")

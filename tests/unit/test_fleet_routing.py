@@ -281,5 +281,7 @@ async def test_routing_shows_per_replica_in_stats_and_metrics():
     replica = fleet.sent[0][1]
     assert routing["replicas"][replica]["routed"] == 3 and routing["replicas"][replica]["precision"] == 1.0
     assert routing["decision_p99_ms"] is not None and routing["refused_over_time_target"] == 0
+    # The thread's CPU time cannot exceed the wall time it was measured in.
+    assert 0 <= routing["decision_cpu_p99_ms"] <= routing["decision_p99_ms"] + 0.01
     assert f'app_routed_requests_total{{model_name="{fleet.model.id}",replica="{replica}"}} 3.0' in metrics
-    assert "app_routing_decision_p99_seconds{" in metrics
+    assert "app_routing_decision_p99_seconds{" in metrics and "app_routing_decision_cpu_p99_seconds{" in metrics

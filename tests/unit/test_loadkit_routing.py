@@ -26,6 +26,8 @@ app_routed_predicted_cached_tokens_total{model_name="m",replica="a"} 256.0
 app_routed_confirmed_cached_tokens_total{model_name="m",replica="a"} 128.0
 # TYPE app_routing_decision_p99_seconds gauge
 app_routing_decision_p99_seconds{model_name="m"} 0.0004
+# TYPE app_routing_decision_cpu_p99_seconds gauge
+app_routing_decision_cpu_p99_seconds{model_name="m"} 0.0001
 """
 
 
@@ -41,12 +43,14 @@ def test_metrics_are_read_per_replica_and_a_workload_counts_only_what_changed_du
     before = scrape(METRICS)
     assert before["vllm:prefix_cache_hits"] == {"a": 300.0, "b": 100.0}
     assert before["app_routing_decision_p99_seconds"] == {"": 0.0004}
+    assert before["app_routing_decision_cpu_p99_seconds"] == {"": 0.0001}
     after = scrape(METRICS.replace('replica="a"} 300.0', 'replica="a"} 500.0'))
     assert delta(before, after)["vllm:prefix_cache_hits"] == {"a": 200.0, "b": 0.0}
     row = Row()
     row.add([Outcome(200, 0.5, 1.0, 32)], 2.0, before)
     assert (row.hit_rate(), row.busiest_share(), row.precision(), row.decision_p99_s) == (0.4, 0.6, 0.5, 0.0004)
     assert row.tokens_per_s() == 16.0 and row.failed() == 0
+    assert row.decision_cpu_p99_s == 0.0001
 
 
 def test_the_targets_are_ratios_to_power_of_two_in_the_same_run():
@@ -58,6 +62,14 @@ def test_the_targets_are_ratios_to_power_of_two_in_the_same_run():
     assert "W3 output tokens/s" in lines[2] and "0.95× (NOT met)" in lines[2]
     text = section(rows, "header", ["earliest_first_token", "power_of_two"])
     assert "| W1 shared system prompts" in text and "| 11 | 1 |" in text and "80 %" in text
+
+
+def test_the_decision_time_verdict_is_on_the_wall_time_and_names_the_cpu_time_beside_it():
+    row = _row(0.2, 80, 100)
+    row.add([], 0.0, {"app_routing_decision_p99_seconds": {"": 0.0025},
+                      "app_routing_decision_cpu_p99_seconds": {"": 0.0002}})
+    line = targets({"W1": {"earliest_first_token": row}})[-1]
+    assert "2.50 ms (target < 2 ms: NOT met); on the deciding thread's CPU 0.20 ms" in line
 
 
 def test_the_runs_service_reports_cached_tokens_in_usage():

@@ -1,15 +1,14 @@
 """The handle adapter: `EngineHost`'s interface reached through a Ray Serve `DeploymentHandle`.
 
-`HandleBackend` is what the ingress calls when the engine runs in another replica. Every call,
-streaming or not, takes one error path (`translate`): a `ServiceError` the replica raised or sent
-back as a `Refused` value becomes itself again, and Ray's own failures (back-pressure, a dead or
-unavailable replica, a cancelled call) become the service's 429/503 with the OpenAI shape.
+`HandleBackend` is what the ingress calls when the engine runs in another replica. Every call, streaming or not, goes
+with a Serve request id of its own (rayserve/call_ids.py) and takes one error path (`translate`): a `ServiceError` the
+replica raised or sent back as a `Refused` value becomes itself again, and Ray's own failures (back-pressure, a dead
+or unavailable replica, a cancelled call) become the service's 429/503 with the OpenAI shape.
 
-A request that nothing has come back for yet is retried on another replica when the one it reached
-refuses it for a reason another replica may not have (full, over its time target, engine dead, starting,
-wedged or draining) or dies under it: up to `ATTEMPTS` replicas, each told which replicas to avoid
-(`rayserve/request_router.py` reads that), within the request's remaining time. The client hears the last
-refusal only when every attempt was refused.
+A request that nothing has come back for yet is retried on another replica when the one it reached refuses it for a
+reason another replica may not have (full, over its time target, engine dead, starting, wedged or draining) or dies
+under it: up to `ATTEMPTS` replicas, each told which replicas to avoid (`rayserve/request_router.py` reads that),
+within the request's remaining time. The client hears the last refusal only when every attempt was refused.
 
 With fleet routing (`routing`: app/routing/), each attempt is ranked over the replicas first: the replica predicted
 to give the first token soonest (its queue, and the prefill of what its prefix cache does not hold) is offered first,
@@ -50,6 +49,7 @@ from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavai
 from app.host.pauses import pausable
 from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
+from app.rayserve.call_ids import remote
 from app.rayserve.client_pauses import paused_while_unread
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
 from app.rayserve.merged_streams import merged
@@ -195,7 +195,7 @@ class HandleBackend:
             sent = time.monotonic()
             # A handle with stream=True answers with a generator; Ray's annotation is the union of both kinds.
             ranking = (decision.ranks,) if decision is not None else ()  # `prefer`, for the router only
-            call = self._stream.generate_remote.remote(attempt_request, avoid, *ranking)
+            call = remote(self._stream.generate_remote, attempt_request, avoid, *ranking)
             response = cast(DeploymentResponseGenerator[Any], call)
             answered, first_output = False, decision is None
             try:
@@ -235,7 +235,7 @@ class HandleBackend:
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
-            return await getattr(self._handle, method).remote(*args)
+            return await remote(getattr(self._handle, method), *args)
         except Exception as err:
             raise translate(err) from None
 
@@ -248,7 +248,7 @@ class HandleBackend:
             remaining_s = request.timeout_s - (time.monotonic() - started)
             attempt_request = request if attempt == 1 else replace(request, timeout_s=remaining_s)
             try:
-                answer = await self._handle.embed_remote.remote(attempt_request, avoid)
+                answer = await remote(self._handle.embed_remote, attempt_request, avoid)
             except Exception as err:
                 if not isinstance(translated := translate(err), ServiceError):
                     raise translated from None
@@ -293,7 +293,7 @@ class HandleBackend:
         async def one(replica: str) -> tuple[str, ReplicaStats | None]:
             try:
                 return cast(tuple[str, ReplicaStats], await asyncio.wait_for(
-                    self._handle.stats_of.remote(Addressed(replica)), STATS_TIMEOUT_S))
+                    remote(self._handle.stats_of, Addressed(replica)), STATS_TIMEOUT_S))
             except Exception:
                 return replica, None
 

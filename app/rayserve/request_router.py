@@ -12,9 +12,10 @@ two choices among the replicas that serve, preferring those with room in their a
 queued below capacity), and falls back to all replicas when none qualifies (they then answer 503 or 429
 themselves, honestly, instead of a request waiting in the router). Among its two, Serve's usual queue-length
 probe still picks. A request the ingress retries (handle_backend.py) names the replicas that refused it, and they
-are left out while any other remains. Built on Serve's public `RequestRouter` with its locality mixin, not its FIFO
-one: that hands the replica chosen for one call to the oldest call waiting, so a ranking or an address made for one
-call served another (two concurrent /metrics calls addressed to two replicas both reached one).
+are left out while any other remains. Built on Serve's public `RequestRouter` with its FIFO and locality mixins; the
+FIFO one hands a replica chosen for one call to the oldest call waiting, so a ranking or an address made for one call
+served another (two /metrics calls addressed to two replicas both reached one): here a replica goes to the call it
+was chosen for (matched by its Serve request id: each call has its own, rayserve/call_ids.py) while that one waits.
 
 With fleet routing (the default for several replicas; app/routing/), the ingress ranks the replicas itself before
 each call, from what they report here (`replica_loads`) and which prompt prefixes each holds, and passes the ranking
@@ -32,7 +33,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ray.serve.request_router import LocalityMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve._private.common import RequestMetadata
+from ray.serve.request_router import FIFOMixin, LocalityMixin, PendingRequest, RequestRouter, RunningReplica
 
 from app.host.replica_load import ReplicaLoad
 
@@ -112,7 +114,14 @@ def pick_two(replicas: list[RunningReplica]) -> list[RunningReplica]:
     return random.sample(pool, min(2, len(pool)))
 
 
-class ServingReplicaRouter(LocalityMixin, RequestRouter):
+class ServingReplicaRouter(FIFOMixin, LocalityMixin, RequestRouter):
+    def _get_pending_request_matching_metadata(
+        self, request_metadata: RequestMetadata | None = None
+    ) -> PendingRequest | None:
+        """The call a replica was chosen for, where it still waits (FIFOMixin then hands the replica to the oldest
+        waiting call only where it does not)."""
+        return self._get_pending_request_matching_internal_request_id(request_metadata)
+
     def initialize_state(self, **kwargs: Any) -> None:
         # Imported here, not read as a global: Serve pickles this class by value, and a copy of the registry would
         # be one `replica_ids` never sees.

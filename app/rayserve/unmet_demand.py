@@ -16,6 +16,7 @@ from typing import Any
 from ray.serve.handle import DeploymentHandle
 
 from app.engine.interface import GenerateRequest
+from app.rayserve.call_ids import remote
 
 log = logging.getLogger(__name__)
 REPORT_EVERY_S = 1.0
@@ -37,6 +38,6 @@ class UnmetDemand:
             await asyncio.sleep(REPORT_EVERY_S)
             steps, self._steps = self._steps, 0
             try:
-                await asyncio.wait_for(self._handle.refused_at_ingress.remote(steps), REPORT_EVERY_S * 5)
+                await asyncio.wait_for(remote(self._handle.refused_at_ingress, steps), REPORT_EVERY_S * 5)
             except Exception as err:  # the figure is lost, nothing else: the next refusals report again
                 log.debug("could not report %d refused decode steps to the engine deployment: %s", steps, err)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,3 +120,52 @@ async def test_the_replica_chosen_for_a_call_is_the_one_that_call_gets_not_the_o
     router._fulfill_next_pending_request("replica y", newer.metadata)  # the task routing `newer` chose y
     assert newer.future.done() and newer.future.result() == "replica y"
     assert not older.future.done()
+    # Calls sharing an id (made where Serve's context gave them one) are still each routed: the second as FIFO does.
+    router._fulfill_next_pending_request("replica x", older.metadata)
+    first, second = (PendingRequest(args=[], kwargs={}, metadata=RequestMetadata("r", "shared")) for _ in range(2))
+    for pending in (first, second):
+        router._pending_requests_to_fulfill.append(pending)
+        router._add_pending_request_to_indices(pending)
+    for replica in ("replica a", "replica b"):
+        router._fulfill_next_pending_request(replica, second.metadata)
+    assert (older.future.result(), first.future.result(), second.future.result()) == (
+        "replica x", "replica a", "replica b")
+
+
+async def test_calls_made_at_once_within_one_request_go_with_internal_ids_of_their_own(monkeypatch):
+    """Serve gives a handle call the internal id of the request being handled; the router matches its choice to a
+    call by that id, so the scrape's calls addressed to each replica (made at once) each need one of their own. The
+    client's request id stays, and the request's own context is as it was after the calls."""
+    from ray.serve import context as serve_context
+
+    from app.rayserve import handle_backend
+    from app.rayserve.request_router import Addressed
+
+    seen: list[tuple[str, str]] = []
+
+    class _Method:
+        def remote(self, target: Addressed) -> Any:
+            ctx = serve_context._get_serve_request_context()
+            seen.append((ctx.request_id, ctx._internal_request_id))
+
+            async def answer() -> tuple[str, Any]:
+                await asyncio.sleep(0)
+                return target.replica_id, {"replica": target.replica_id}
+            return answer()
+
+    class _Handle:
+        stats_of = _Method()
+
+        def options(self, **_options: Any) -> _Handle:
+            return self
+
+    monkeypatch.setattr(handle_backend, "replica_ids", lambda deployment: ["a", "b", "c"])
+    serve_context._set_request_context(request_id="client-request", _internal_request_id="the-request")
+    try:
+        stats = await handle_backend.HandleBackend(_Handle()).replica_stats()  # type: ignore[arg-type]
+        assert serve_context._get_serve_request_context()._internal_request_id == "the-request"
+    finally:
+        serve_context._unset_request_context()
+    assert stats == {r: {"replica": r} for r in "abc"}
+    assert [request_id for request_id, _ in seen] == ["client-request"] * 3
+    assert len({internal for _, internal in seen} | {"the-request"}) == 4

@@ -175,7 +175,7 @@ class Admission:
                 elif self._waiting and now - self._swept_at >= SWEEP_EVERY_S:
                     self._sweep(now, judged=True)
             else:
-                self.pace.decoded(len(self._slots), steps, now - ticket.last_output)
+                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running)
         ticket.steps += steps
         self.demand.served(steps, now)
         ticket.last_output, ticket.resuming = now, False

@@ -105,10 +105,17 @@ class EnginePace:
         running requests had its first output `seconds` after admission."""
         self._ttft.add((backlog_tokens, batch), seconds)
 
-    def decoded(self, batch: int, tokens: int, seconds: float) -> None:
-        """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran."""
-        if tokens > 0 and seconds > 0:
-            self._decode.add((batch,), seconds / tokens)
+    def decoded(self, batch: int, tokens: int, seconds: float, max_running: int = 0) -> None:
+        """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran, of at most
+        `max_running` (0: not said). A sample near a full batch (FULL_BATCH_SHARE) renews the full-batch figure
+        `capacity` keeps: the window's pace at `max_running`, measured while the batch is that full. Renewed while
+        the window held any such sample (as before), the last light samples of a window would have set it to
+        nearly the light load's extrapolation."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        self._decode.add((batch,), seconds / tokens)
+        if max_running and batch >= FULL_BATCH_SHARE * max_running:
+            self._full_batch = self.output_tokens_per_s(max_running)
 
     def observed(self, predicted_s: float, actual_s: float) -> None:
         """An admitted request predicted (by the model, `Prediction.model_first_token_s`) to see its first
@@ -220,13 +227,10 @@ class EnginePace:
 
     def capacity(self, max_running: int) -> float | None:
         """Output tokens per second at a full batch of `max_running` for the prompts served (host/demand.py): the
-        decode pace last measured near a full batch (FULL_BATCH_SHARE), or extrapolated until one was, less the
-        engine time the prompts' prefill takes. The prefill rate is the fit's own, without the lateness: that
-        corrects predicted waits in a queue, not the engine's work."""
-        decode, largest = self.output_tokens_per_s(max_running), self._decode.largest(0)
-        if decode is not None and largest is not None and largest >= FULL_BATCH_SHARE * max_running:
-            self._full_batch = decode
-        decode = self._full_batch if self._full_batch is not None else decode
+        decode pace last measured near a full batch (`decoded`), or extrapolated until one was, less the engine
+        time the prompts' prefill takes. The prefill rate is the fit's own, without the lateness: that corrects
+        predicted waits in a queue, not the engine's work."""
+        decode = self._full_batch if self._full_batch is not None else self.output_tokens_per_s(max_running)
         coef = self._ttft.coef() if self.ready else None
         prefill = None if coef is None else float(coef[1])
         return None if decode is None else effective_capacity(decode, prefill, self.prompt_per_output() or 0.0)

@@ -45,10 +45,6 @@ class RateFit:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def largest(self, feature: int) -> float | None:
-        """The largest value of feature `feature` (0-based) in the window."""
-        return max(row[feature] for row in self._rows) if self._rows else None
-
     def coef(self) -> np.ndarray | None:
         now = time.monotonic()
         stale = self._coef is None or now - self._fitted_at >= _REFIT_S or self._new >= _REFIT_SAMPLES

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from app.host import rate_fit
 from app.host.pace import MIN_SAMPLES, EnginePace, Work
 from app.host.rate_fit import WINDOW
 
@@ -149,15 +150,16 @@ def _light_load(pace: EnginePace, slope_s: float) -> None:
     rng = random.Random(2)
     for _ in range(WINDOW):
         batch = rng.randint(1, 4)
-        pace.decoded(batch, 1, 0.01 + slope_s * batch)
+        pace.decoded(batch, 1, 0.01 + slope_s * batch, max_running=32)
 
 
-def test_capacity_measured_near_a_full_batch_is_kept_through_a_light_load():
+def test_capacity_measured_near_a_full_batch_is_kept_through_a_light_load(monkeypatch):
     """A light load's fit extrapolated to 32 streams put capacity at a third of what full batches measured, and the
     scale-down after a step wavered for minutes on it (docs/autoscaling.md)."""
+    monkeypatch.setattr(rate_fit, "_REFIT_S", 0.0)  # every fit asked for is of the window as it is now
     pace = EnginePace()
     for batch in (16, 24, 32) * (WINDOW // 3):  # a full batch: 0.01 + 0.002 x batch per token
-        pace.decoded(batch, 1, 0.01 + 0.002 * batch)
+        pace.decoded(batch, 1, 0.01 + 0.002 * batch, max_running=32)
     full = pace.capacity(32)
     assert full == pytest.approx(32 / (0.01 + 0.002 * 32), rel=0.02)
     _light_load(pace, slope_s=0.01)
@@ -166,12 +168,25 @@ def test_capacity_measured_near_a_full_batch_is_kept_through_a_light_load():
     assert pace.stats(batch=2, max_running=32).capacity_tokens_per_s == pytest.approx(full, abs=0.1)
 
 
+def test_a_full_batch_is_kept_though_nobody_asked_for_the_capacity_while_it_ran(monkeypatch):
+    """The full-batch figure was kept only when `capacity` was asked while the window held a full batch: a /stats
+    poll or an autoscaling report missing that moment lost it to the light load's extrapolation."""
+    monkeypatch.setattr(rate_fit, "_REFIT_S", 0.0)
+    pace = EnginePace()
+    for batch in (16, 24, 32) * (WINDOW // 3):
+        pace.decoded(batch, 1, 0.01 + 0.002 * batch, max_running=32)
+    _light_load(pace, slope_s=0.01)
+    assert pace.measured_full_batch
+    assert pace.capacity(32) == pytest.approx(32 / (0.01 + 0.002 * 32), rel=0.02)
+    assert pace.capacity(32) == pace.capacity(32)  # a query: asking twice changes nothing
+
+
 def test_until_a_full_batch_was_measured_capacity_is_the_extrapolation_and_a_new_full_batch_replaces_it():
     pace = EnginePace()
     _light_load(pace, slope_s=0.01)
     assert pace.capacity(32) == pytest.approx(pace.output_tokens_per_s(32))
     for batch in (16, 24, 32) * (WINDOW // 3):  # full batches on an engine twice as slow (a noisy neighbour)
-        pace.decoded(batch, 1, 2 * (0.01 + 0.002 * batch))
+        pace.decoded(batch, 1, 2 * (0.01 + 0.002 * batch), max_running=32)
     assert pace.capacity(32) == pytest.approx(32 / (2 * (0.01 + 0.002 * 32)), rel=0.02)
 
 

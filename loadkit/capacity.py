@@ -2,8 +2,9 @@
 autoscaling policy plans on) beside what it serves, through a light load, a full batch and a light load again
 (docs/autoscaling.md, "A replica's capacity at light load").
 
-One stack (`python -m app serve` on configs/cpu.yaml, one replica); closed-loop clients, each sending one chat at a
-time for `--output-tokens` tokens (ignore_eos, so every answer is as long); /stats read every `--poll-s`. A light
+One stack (`python -m app serve` on configs/cpu.yaml, one replica); closed-loop clients (`SteadyLoad`, plain
+answers), each sending one chat at a time for `--output-tokens` tokens (ignore_eos, so every answer is as long; a
+client refused waits a second); /stats read every `--poll-s`. A light
 load's own fit, extrapolated to the full batch, understated the capacity by 2.4-3x: what the replica keeps from a
 full batch is the figure to compare with what it served.
 
@@ -13,15 +14,14 @@ full batch is the figure to compare with what it served.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from loadkit.report import progress
-from loadkit.server_stats import stats_json
 from loadkit.service import BASE_CONFIG, OwnService
+from loadkit.steady_load import SteadyLoad
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm at sea, with a twist at the end. " * 3
 say = progress("capacity")
@@ -34,7 +34,7 @@ class Phase:
     seconds: float
     reported: list[float] = field(default_factory=list)  # capacity_tokens_per_s, one per poll
     output_tokens: int = 0
-    refused: int = 0  # 429: more clients than the replica admits in time (each waits a second, then asks again)
+    refused: int = 0  # 429: more clients than the replica admits in time
     failed: int = 0
 
     def row(self) -> str:
@@ -43,30 +43,23 @@ class Phase:
                 f"{self.output_tokens / self.seconds:.0f} tokens/s | {self.refused} | {self.failed} |")
 
 
-async def _client(http: httpx.AsyncClient, model: str, phase: Phase, stop_at: float, output_tokens: int) -> None:
-    while time.monotonic() < stop_at:
-        r = await http.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": output_tokens,
-            "ignore_eos": True})
-        if r.status_code == 200:
-            phase.output_tokens += r.json()["usage"]["completion_tokens"]
-        elif r.status_code == 429:
-            phase.refused += 1
-            await asyncio.sleep(1.0)
-        else:
-            phase.failed += 1
-
-
-async def _run_phase(http: httpx.AsyncClient, model: str, phase: Phase, poll_s: float, output_tokens: int) -> None:
-    stop_at = time.monotonic() + phase.seconds
-    clients = [asyncio.create_task(_client(http, model, phase, stop_at, output_tokens)) for _ in range(phase.clients)]
-    while time.monotonic() < stop_at:
-        await asyncio.sleep(min(poll_s, max(0.0, stop_at - time.monotonic())))
-        pace = (await stats_json(http, model)).get("pace") or {}
-        if pace.get("capacity_tokens_per_s") is not None:
-            phase.reported.append(pace["capacity_tokens_per_s"])
-            say(f"{phase.name}: capacity reported {pace['capacity_tokens_per_s']:.0f} output tokens/s")
-    await asyncio.gather(*clients)
+def _run_phase(service: OwnService, model: str, phase: Phase, poll_s: float, output_tokens: int) -> None:
+    started = time.monotonic()
+    stop_at = started + phase.seconds
+    with SteadyLoad(service.base_url, service.api_key or "none", model, plain=phase.clients, streaming=0,
+                    max_tokens=output_tokens, timeout_s=300, question=PROMPT, sampling={}, ignore_eos=True,
+                    refused_pause_s=1.0) as load, httpx.Client(base_url=service.base_url, timeout=30) as http:
+        while time.monotonic() < stop_at:
+            time.sleep(min(poll_s, max(0.0, stop_at - time.monotonic())))
+            pace = http.get("/stats").raise_for_status().json()[model].get("pace") or {}
+            if pace.get("capacity_tokens_per_s") is not None:
+                phase.reported.append(pace["capacity_tokens_per_s"])
+                say(f"{phase.name}: capacity reported {pace['capacity_tokens_per_s']:.0f} output tokens/s")
+    # The answers finished after the phase's end still count: the phase's clients asked for them within it.
+    records = load.since(started)
+    phase.output_tokens = sum(r.output_tokens for r in records)
+    phase.refused = sum(r.status == 429 for r in records)
+    phase.failed = len(load.failures(since=started)) - phase.refused
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,14 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         why = service.start(600, ready_model=service.model)
         if why is not None:
             raise SystemExit(f"the service did not start: {why}")
-        model = service.model or ""
-
-        async def go() -> None:
-            async with httpx.AsyncClient(base_url=service.base_url, timeout=300) as http:
-                for phase in phases:
-                    await _run_phase(http, model, phase, args.poll_s, args.output_tokens)
-
-        asyncio.run(go())
+        for phase in phases:
+            _run_phase(service, service.model or "", phase, args.poll_s, args.output_tokens)
     finally:
         report = service.stop()
         say(f"stack stopped: {report.text() if report else 'never started'}")

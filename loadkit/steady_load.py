@@ -4,7 +4,13 @@ deployment under it.
 Each client loops until stopped: plain or streaming chat requests, greedy or sampled, with the SDK's retries
 off (`max_retries=0`), so every failure the service lets through is seen and recorded. A stream counts as
 served only when it ends with a `finish_reason`; one that stops without it is "broken". Each answer is a Record
-whose outcome is SERVED, "broken", or the exception's type and message.
+whose outcome is SERVED, "broken", or the exception's type and message, with the HTTP status of an error answer and
+the output tokens of a plain one (its usage).
+
+Options for a load that measures rather than disturbs: one fixed `question`, `sampling` (the same sampling fields
+for every request, `{}` for the service's defaults, instead of alternating greedy and seeded sampled requests:
+seeded sampling halved what one replica served on the 2-core EPYC), `ignore_eos` (every answer `max_tokens` long),
+and `refused_pause_s` (a client refused with 429 waits that long before it asks again).
 
     with SteadyLoad(base_url, api_key, model, plain=3, streaming=2) as load:
         ...change something...
@@ -28,12 +34,15 @@ STREAM, PLAIN = "stream", "plain"  # the records' kinds
 
 class SteadyLoad:
     def __init__(self, base_url: str, api_key: str, model: str, plain: int = 3, streaming: int = 2,
-                 max_tokens: int = 12, timeout_s: float = 120):
+                 max_tokens: int = 12, timeout_s: float = 120, question: str | None = None,
+                 sampling: dict | None = None, ignore_eos: bool = False, refused_pause_s: float = 0.0):
         self._clients = [openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s)
                          for _ in range(plain + streaming)]
         self._streaming = [False] * plain + [True] * streaming
         self._model = model
         self._max_tokens = max_tokens
+        self._question, self._sampling = question, sampling
+        self._ignore_eos, self._refused_pause_s = ignore_eos, refused_pause_s
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.outcomes: list[Record] = []
@@ -53,16 +62,20 @@ class SteadyLoad:
 
     def _body(self, i: int, n: int) -> dict:
         greedy = (i + n) % 2 == 0  # each client alternates greedy and sampled requests
-        question = ["What is the capital of France?", "Name three colours.", "Count from one to ten."][n % 3]
-        return {"model": self._model, "messages": [{"role": "user", "content": question}],
-                "max_tokens": self._max_tokens, "temperature": 0 if greedy else 0.8, "seed": None if greedy else n}
+        question = self._question or ["What is the capital of France?", "Name three colours.",
+                                      "Count from one to ten."][n % 3]
+        sampling = {"temperature": 0 if greedy else 0.8, "seed": None if greedy else n} if self._sampling is None \
+            else self._sampling
+        body = {"model": self._model, "messages": [{"role": "user", "content": question}],
+                "max_tokens": self._max_tokens, **sampling}
+        return {**body, "extra_body": {"ignore_eos": True}} if self._ignore_eos else body
 
     def _run(self, i: int) -> None:
         client, streaming, n = self._clients[i], self._streaming[i], 0
         while not self._stop.is_set():
             n += 1
             sent = last = time.monotonic()
-            longest = 0.0
+            longest, status, tokens = 0.0, None, 0
             try:
                 if streaming:
                     finish = None
@@ -75,13 +88,17 @@ class SteadyLoad:
                 else:
                     answer = client.chat.completions.create(**self._body(i, n))
                     result = SERVED if answer.choices[0].finish_reason else "broken"
+                    tokens = answer.usage.completion_tokens if answer.usage else 0
             except Exception as err:  # every failure is the finding: recorded, never raised in the thread
                 result = f"{type(err).__name__}: {str(err)[:200]}"
+                status = getattr(err, "status_code", None)
             ended = time.monotonic()
             longest = max(longest, ended - last)  # a plain answer: its whole time
             with self._lock:
-                self.outcomes.append(Record(sent, ended, result, kind=STREAM if streaming else PLAIN,
-                                            longest_wait_s=longest))
+                self.outcomes.append(Record(sent, ended, result, status=status, kind=STREAM if streaming else PLAIN,
+                                            output_tokens=tokens, longest_wait_s=longest))
+            if status == 429 and self._refused_pause_s:
+                self._stop.wait(self._refused_pause_s)
 
     def served(self) -> int:
         with self._lock:

@@ -3,23 +3,25 @@
 
 configs/cpu.yaml as it is (1-2 engine replicas, the policy's default knobs) served with `python -m app serve` and
 RAY_ADDRESS, as a user deploys onto a cluster; with `--policies token_demand,ongoing_requests`, the same again with
-Serve's default policy (`deployment.autoscaling.policy: ongoing_requests`, the same bounds and delays), each on a
-fresh cluster, in turn. The `openai` SDK (no retries) sends streaming chats (64 prompt, 64 output tokens) at Poisson
-arrivals of the same seed for every policy: a light load (a quarter of one replica's output tokens per second, as
-the first run's replica reports it in /stats before the step, or `--capacity`), then a step to `--step-x` times that
-capacity for `--step-s`, then the light load at half that for `--after-s`, with two long streams (400 tokens) kept
-in flight until the second replica is gone. Every 2 s: the engine replicas' states (Serve's) and the policy's last
+Serve's default policy (`deployment.autoscaling.policy: ongoing_requests`, the same bounds and delays), each on a fresh
+cluster, in turn; `--rounds N` repeats the pair N times, interleaved (A B, B A, ...), and ends with the ratios of the
+service's policy to Serve's round by round. The `openai` SDK (no retries) sends streaming chats (64 prompt, 64 output
+tokens) at Poisson arrivals of the same seed for every policy: a light load (a quarter of one replica's output tokens
+per second, as the first run's replica reports it in /stats before the step, or `--capacity`), then a step to `--step-x`
+times that capacity for `--step-s`, then the light load at half that for `--after-s`, with two long streams (400 tokens)
+kept in flight until the second replica is gone. Every 2 s: the engine replicas' states (Serve's) and the policy's last
 decision (/stats). Figures per policy: time from the step to the second replica serving; the refusals meanwhile (429
-with Retry-After, and the Retry-After they said); the share of the step's requests whose first token came within the
-10 s target (SLO attainment) and of all requests after the warm-up; replica-seconds from the step to the end; time
-from the drop to one replica; failed requests and broken streams after the drop (target: none). The section goes
-into docs/autoscaling.md.
+with Retry-After, and the Retry-After they said); the share of the step's requests whose first token came within the 10
+s target (SLO attainment) and of all requests after the warm-up; replica-seconds from the step to the end; time from the
+drop to one replica; failed requests and broken streams after the drop (target: none). The section goes into
+docs/autoscaling.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import random
 import secrets
@@ -162,6 +164,32 @@ POLICIES = {"token_demand": "the service's policy (token demand)",
             "ongoing_requests": "Serve's default (2 requests in flight per replica)"}
 
 
+def step_attainment(run: Run) -> float:
+    """The share of the step's requests answered with a first token within the target."""
+    step = [r for r in run.records if r.kind == "step"]
+    n = sum(1 for r in step if r.outcome == "ok" and r.ttft is not None and r.ttft <= TTFT_TARGET_S)
+    return n / max(1, len(step))
+
+
+def ratios(results: list[tuple[str, int, Run]]) -> list[str]:
+    """Round by round (`results`: policy, round, run), the service's policy's step attainment and replica-seconds
+    over Serve's default's on the same trace, and their medians: the issue's comparison, as ratios."""
+    ours = {n: run for policy, n, run in results if policy == "token_demand"}
+    theirs = {n: run for policy, n, run in results if policy == "ongoing_requests"}
+    lines, attained, seconds = [], [], []
+    for n in sorted(ours.keys() & theirs.keys()):
+        a, b = ours[n], theirs[n]
+        att = step_attainment(a) / step_attainment(b) if step_attainment(b) else math.inf
+        sec = a.replica_seconds(a.stepped, a.ended) / max(1e-9, b.replica_seconds(b.stepped, b.ended))
+        attained.append(att)
+        seconds.append(sec)
+        lines.append(f"- round {n}: step attainment {att:.2f}x, replica-seconds {sec:.2f}x")
+    if not lines:
+        return []
+    return [f"The service's policy against Serve's default, median of {len(lines)} round(s): step attainment "
+            f"**{statistics.median(attained):.2f}x**, replica-seconds **{statistics.median(seconds):.2f}x**", *lines]
+
+
 def figures(run: Run) -> list[tuple[str, str]]:
     """One run's figures, by name."""
     step = [r for r in run.records if r.kind == "step"]
@@ -204,19 +232,20 @@ def figures(run: Run) -> list[tuple[str, str]]:
     ]
 
 
-def report(runs: list[tuple[str, Run]], facts: list[str]) -> str:
-    """A table with a column per run (`runs`: its heading and its figures), in the order run."""
+def report(runs: list[tuple[str, Run]], facts: list[str], summary: list[str] | None = None) -> str:
+    """A table with a column per run (`runs`: its heading and its figures), in the order run; `summary` after it."""
     columns = [figures(run) for _, run in runs]
     lines = [*facts, "", "| figure | " + " | ".join(name for name, _ in runs) + " |",
              "|---|" + "---|" * len(runs)]
     for i, (label, _) in enumerate(columns[0] if columns else []):
         lines.append(f"| {label} | " + " | ".join(column[i][1] for column in columns) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, *([""] + summary if summary else [])])
 
 
-def _one_run(policy: str, o: argparse.Namespace, capacity: float | None) -> Run:
-    """The service on a fresh local cluster with `policy`, driven through one trace, and everything stopped."""
-    key, work = secrets.token_hex(16), o.work_dir / policy
+def _one_run(policy: str, o: argparse.Namespace, capacity: float | None, name: str) -> Run:
+    """The service on a fresh local cluster with `policy`, driven through one trace, and everything stopped; its
+    state and logs under `o.work_dir / name`."""
+    key, work = secrets.token_hex(16), o.work_dir / name
     work.mkdir(parents=True, exist_ok=True)
     env = child_env(**{CLUSTER_DIR_ENV: str(work / "cluster")})
     say(f"{policy}: starting a local cluster (a head and 2 worker nodes; state in {work / 'cluster'})")
@@ -254,6 +283,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--step-x", type=float, default=3.0, help="the step, in one replica's capacity (default 3)")
     p.add_argument("--step-s", type=float, default=240.0, help="how long the step lasts, seconds")
     p.add_argument("--after-s", type=float, default=420.0, help="how long the light load after the step lasts")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of every policy, interleaved (A B, then B A, ...), each on the same trace")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", type=Path, default=REPO / "bench-results" / "autoscaling")
     p.add_argument("--output", default=str(REPO / "docs" / "autoscaling.md"), help="report file, or - to print")
@@ -264,20 +295,26 @@ def main(argv: list[str]) -> int:
     o.work_dir = o.work_dir.resolve()
     facts_machine, vllm, commit = machine(), vllm_version(), git_commit(REPO)
     command = command_line("autoscaling", argv)
-    runs: list[tuple[str, Run]] = []
+    results: list[tuple[str, int, Run]] = []  # (policy, round, run), in the order run
     try:
-        for policy in policies:  # one capacity sets the trace for all (the first run's, unless given): the same load
-            runs.append((POLICIES[policy], _one_run(policy, o, runs[0][1].trace_capacity if runs else o.capacity)))
+        # Interleaved, each round in the other order (A B, B A, ...), so that a machine growing slower or faster
+        # over the hour weighs on both alike; one capacity sets the trace for all (the first run's, unless given).
+        for n in range(1, o.rounds + 1):
+            for policy in policies if n % 2 else policies[::-1]:
+                capacity = results[0][2].trace_capacity if results else o.capacity
+                name = policy if o.rounds == 1 else f"{policy}-{n}"
+                results.append((policy, n, _one_run(policy, o, capacity, name)))
     except KeyboardInterrupt:
         say("interrupted")
         return 1
+    runs = [(POLICIES[policy] + (f", round {n}" if o.rounds > 1 else ""), run) for policy, n, run in results]
     facts = [f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command.strip()}`, commit "
              f"{commit.text}; vLLM {vllm}; {facts_machine.cpu_text}, {facts_machine.memory_gib} GiB. configs/cpu.yaml "
              f"(autoscaling 1-2 replicas, default knobs; `policy` as the column says), `python -m app serve` with "
-             f"RAY_ADDRESS, each on a fresh local cluster in turn; streaming chats of {PROMPT} prompt and {OUTPUT} "
-             f"output tokens, Poisson arrivals of seed {o.seed}; a step to {o.step_x:g}x one replica's capacity for "
-             f"{o.step_s:.0f} s, then {o.after_s:.0f} s of light load."]
-    text = report(runs, facts)
+             f"RAY_ADDRESS, each on a fresh local cluster in turn ({o.rounds} round(s), interleaved); streaming chats "
+             f"of {PROMPT} prompt and {OUTPUT} output tokens, Poisson arrivals of seed {o.seed}; a step to "
+             f"{o.step_x:g}x one replica's capacity for {o.step_s:.0f} s, then {o.after_s:.0f} s of light load."]
+    text = report(runs, facts, ratios(results))
     print(text)
     if o.output != "-":
         write_section(Path(o.output), DOC, text)

@@ -3,7 +3,7 @@ their Retry-After, first tokens within the target, the scale-down and what broke
 
 from __future__ import annotations
 
-from loadkit.autoscaling import Run, report
+from loadkit.autoscaling import Run, ratios, report
 from loadkit.record import Attempt, Record
 
 
@@ -51,3 +51,29 @@ def test_a_replica_that_never_came_says_so():
     assert "| figure | ours | Serve's |" in text
     assert "| from the step to the second replica serving | never | 30 s |" in text
     assert "| from the drop to one replica | never | never |" in text
+
+
+def _run(in_target: int, late: int, replicas: int) -> Run:
+    """A run whose step had `in_target` first tokens within 10 s and `late` after, on `replicas` replicas from the
+    step (at 100 s) to the end (at 200 s)."""
+    run = Run(stepped=100.0, dropped=150.0, ended=200.0)
+    run.records = [_rec("step", 110.0 + i) for i in range(in_target)] + [
+        _rec("step", 130.0 + i, ttft=20.0) for i in range(late)]
+    run.states = [(0.0, replicas, 0, {})]
+    return run
+
+
+def test_rounds_end_with_the_ratios_of_the_service_s_policy_to_serve_s_round_by_round():
+    results = [("token_demand", 1, _run(6, 4, 1)), ("ongoing_requests", 1, _run(5, 5, 2)),
+               ("ongoing_requests", 2, _run(4, 6, 2)), ("token_demand", 2, _run(6, 4, 2))]
+    lines = ratios(results)
+    # round 1: 0.6 / 0.5 = 1.2x attainment at 100 / 200 replica-seconds; round 2: 0.6 / 0.4 = 1.5x at 200 / 200
+    assert lines[1:] == ["- round 1: step attainment 1.20x, replica-seconds 0.50x",
+                         "- round 2: step attainment 1.50x, replica-seconds 1.00x"]
+    assert "median of 2 round(s): step attainment **1.35x**, replica-seconds **0.75x**" in lines[0]
+    text = report([("a", results[0][2]), ("b", results[1][2])], ["facts"], lines)
+    assert text.endswith("\n\n" + "\n".join(lines))
+
+
+def test_one_policy_alone_has_no_ratios():
+    assert ratios([("token_demand", 1, _run(6, 4, 1))]) == []

@@ -8,9 +8,9 @@ whose outcome is SERVED, "broken", or the exception's type and message, with the
 the output tokens of a plain one (its usage).
 
 Options for a load that measures rather than disturbs: one fixed `question`, `sampling` (the same sampling fields
-for every request, `{}` for the service's defaults, instead of alternating greedy and seeded sampled requests:
-seeded sampling halved what one replica served on the 2-core EPYC), `ignore_eos` (every answer `max_tokens` long),
-and `refused_pause_s` (a client refused with 429 waits that long before it asks again).
+for every request, `{}` for the service's defaults, instead of alternating greedy and seeded sampled requests),
+`ignore_eos` (every answer `max_tokens` long), and `refused_pause_s` (a client refused with 429 waits that long
+before it asks again).
 
     with SteadyLoad(base_url, api_key, model, plain=3, streaming=2) as load:
         ...change something...

@@ -4,9 +4,9 @@ autoscaling policy plans on) beside what it serves, through a light load, a full
 
 One stack (`python -m app serve` on configs/cpu.yaml, one replica); closed-loop clients (`SteadyLoad`, plain
 answers), each sending one chat at a time for `--output-tokens` tokens (ignore_eos, so every answer is as long; a
-client refused waits a second); /stats read every `--poll-s`. A light
-load's own fit, extrapolated to the full batch, understated the capacity by 2.4-3x: what the replica keeps from a
-full batch is the figure to compare with what it served.
+client refused waits a second); /stats read every `--poll-s`. A light load's own fit, extrapolated to the full
+batch, understated the capacity by 2.4-3x: what the replica keeps from a full batch is the figure to compare with
+what it served.
 
     python -m loadkit capacity [--light 2] [--full 40] [--phase-s 60]
 """
@@ -14,12 +14,14 @@ full batch is the figure to compare with what it served.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from loadkit.report import progress
+from loadkit.server_stats import stats_json
 from loadkit.service import BASE_CONFIG, OwnService
 from loadkit.steady_load import SteadyLoad
 
@@ -43,18 +45,22 @@ class Phase:
                 f"{self.output_tokens / self.seconds:.0f} tokens/s | {self.refused} | {self.failed} |")
 
 
-def _run_phase(service: OwnService, model: str, phase: Phase, poll_s: float, output_tokens: int) -> None:
-    started = time.monotonic()
-    stop_at = started + phase.seconds
-    with SteadyLoad(service.base_url, service.api_key or "none", model, plain=phase.clients, streaming=0,
-                    max_tokens=output_tokens, timeout_s=300, question=PROMPT, sampling={}, ignore_eos=True,
-                    refused_pause_s=1.0) as load, httpx.Client(base_url=service.base_url, timeout=30) as http:
+async def _poll(base_url: str, model: str, phase: Phase, stop_at: float, poll_s: float) -> None:
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
         while time.monotonic() < stop_at:
-            time.sleep(min(poll_s, max(0.0, stop_at - time.monotonic())))
-            pace = http.get("/stats").raise_for_status().json()[model].get("pace") or {}
+            await asyncio.sleep(min(poll_s, max(0.0, stop_at - time.monotonic())))
+            pace = (await stats_json(http, model)).get("pace") or {}
             if pace.get("capacity_tokens_per_s") is not None:
                 phase.reported.append(pace["capacity_tokens_per_s"])
                 say(f"{phase.name}: capacity reported {pace['capacity_tokens_per_s']:.0f} output tokens/s")
+
+
+def _run_phase(service: OwnService, model: str, phase: Phase, poll_s: float, output_tokens: int) -> None:
+    started = time.monotonic()
+    with SteadyLoad(service.base_url, service.api_key or "none", model, plain=phase.clients, streaming=0,
+                    max_tokens=output_tokens, timeout_s=300, question=PROMPT, sampling={}, ignore_eos=True,
+                    refused_pause_s=1.0) as load:
+        asyncio.run(_poll(service.base_url, model, phase, started + phase.seconds, poll_s))
     # The answers finished after the phase's end still count: the phase's clients asked for them within it.
     records = load.since(started)
     phase.output_tokens = sum(r.output_tokens for r in records)

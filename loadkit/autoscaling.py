@@ -164,11 +164,15 @@ POLICIES = {"token_demand": "the service's policy (token demand)",
             "ongoing_requests": "Serve's default (2 requests in flight per replica)"}
 
 
+def _in_target(records: list[Record]) -> int:
+    """How many of `records` were answered with a first token within the target."""
+    return sum(1 for r in records if r.outcome == "ok" and r.ttft is not None and r.ttft <= TTFT_TARGET_S)
+
+
 def step_attainment(run: Run) -> float:
     """The share of the step's requests answered with a first token within the target."""
     step = [r for r in run.records if r.kind == "step"]
-    n = sum(1 for r in step if r.outcome == "ok" and r.ttft is not None and r.ttft <= TTFT_TARGET_S)
-    return n / max(1, len(step))
+    return _in_target(step) / max(1, len(step))
 
 
 def ratios(results: list[tuple[str, int, Run]]) -> list[str]:
@@ -179,7 +183,8 @@ def ratios(results: list[tuple[str, int, Run]]) -> list[str]:
     lines, attained, seconds = [], [], []
     for n in sorted(ours.keys() & theirs.keys()):
         a, b = ours[n], theirs[n]
-        att = step_attainment(a) / step_attainment(b) if step_attainment(b) else math.inf
+        theirs_attained = step_attainment(b)
+        att = step_attainment(a) / theirs_attained if theirs_attained else math.inf
         sec = a.replica_seconds(a.stepped, a.ended) / max(1e-9, b.replica_seconds(b.stepped, b.ended))
         attained.append(att)
         seconds.append(sec)
@@ -203,7 +208,7 @@ def figures(run: Run) -> list[tuple[str, str]]:
     offered = [r for r in run.records if r.kind in ("light", "step", "after")]
 
     def in_target(records: list[Record]) -> str:
-        n = sum(1 for r in records if r.outcome == "ok" and r.ttft is not None and r.ttft <= TTFT_TARGET_S)
+        n = _in_target(records)
         return f"{n} of {len(records)} ({n / max(1, len(records)):.0%})"
 
     def s(t: float | None, since: float) -> str:

@@ -10,6 +10,12 @@ replicas that have measured any); the policy plans for `target_utilization` of i
 
     desired = ceil(demand / (capacity x target_utilization))
 
+Replicas that share hardware (engines on one machine's cores, beside the ingress) measure less each the more of them
+run: on the 2-core machine two engines each kept 71-91 output tokens/s from their full batches where one alone kept
+240 (docs/autoscaling.md). So the figure is remembered by fleet size (`by_size`, kept by the caller): a smaller fleet
+is planned on at least what one replica measured at that size, a larger one at most, since removing a replica never
+slows the others and adding one never speeds them up.
+
 Scale up: to `desired`, and by one at least while an arrival's predicted first token on the soonest replica is past
 the target or a busy fleet refuses by time (the demand a saturated fleet can measure is capped by what it serves).
 Scale down: to the fewest replicas the demand fits with a margin (`DOWN_MARGIN`), in one step, so that removing
@@ -19,7 +25,6 @@ replicas cannot itself call for one again, and a step of load costs one scale ev
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -48,12 +53,37 @@ class Knobs:
     ttft_target_s: float | None = 10.0
 
 
+def full_batch_capacities(replicas: list[ReplicaFigures]) -> list[float]:
+    """The capacities measured near a full batch within the window."""
+    return [r.capacity for r in replicas if r.capacity and r.full_batch >= 0.5]
+
+
 def planning_capacities(replicas: list[ReplicaFigures]) -> list[float]:
     """The capacities to plan on: those measured near a full batch, where any replica has (a light load's
     extrapolation reads a third to half of it: 144 beside 225 tokens/s after the real cluster's step, docs/
     autoscaling.md); else every one reported."""
-    full = [r.capacity for r in replicas if r.capacity and r.full_batch >= 0.5]
-    return full or [r.capacity for r in replicas if r.capacity]
+    return full_batch_capacities(replicas) or [r.capacity for r in replicas if r.capacity]
+
+
+def _per_replica(current: int, replicas: list[ReplicaFigures], by_size: dict[int, float]) -> float | None:
+    """One replica's capacity in the fleet as it runs: measured near a full batch in the window; else what was
+    measured at this fleet size before (a figure a replica kept from another size, or extrapolated, is worse);
+    else what the replicas report."""
+    full = full_batch_capacities(replicas)
+    if full:
+        return statistics.median(full)
+    if current in by_size:
+        return by_size[current]
+    reported = [r.capacity for r in replicas if r.capacity]
+    return statistics.median(reported) if reported else None
+
+
+def _at_size(size: int, current: int, now: float, by_size: dict[int, float]) -> float:
+    """One replica's capacity in a fleet of `size`, from its capacity `now` in the fleet of `current` and what was
+    measured at the sizes between: never less in a smaller fleet, never more in a larger one."""
+    if size < current:
+        return max([now, *(c for n, c in by_size.items() if size <= n < current)])
+    return min([now, *(c for n, c in by_size.items() if current < n <= size)])
 
 
 def _demand(replicas: list[ReplicaFigures]) -> float:
@@ -61,30 +91,36 @@ def _demand(replicas: list[ReplicaFigures]) -> float:
 
 
 def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs,
-                     recent: list[ReplicaFigures] | None = None) -> int:
+                     recent: list[ReplicaFigures] | None = None, by_size: dict[int, float] | None = None) -> int:
     """The replica count the demand needs, within the bounds; `current` when nothing is measured yet.
 
     `replicas`: each replica's figures averaged over the look-back window; `recent`: over the last few seconds
     (default: the same). Up follows the recent figures (a step shows there within seconds; the look-back average put
-    the first decision 30 s later and then asked for one replica at a time), down only what both windows allow."""
+    the first decision 30 s later and then asked for one replica at a time), down only what both windows allow.
+    `by_size`: one replica's capacity measured near a full batch at each fleet size, where known."""
     recent = recent if recent is not None else replicas
-    measured = planning_capacities([*replicas, *recent])
+    by_size = by_size or {}
+    capacity = _per_replica(current, [*replicas, *recent], by_size)
     waits = [r.wait_s for r in recent if r.wait_s is not None]
-    planned = statistics.median(measured) * knobs.target_utilization if measured else None
+    planned = capacity * knobs.target_utilization if capacity is not None else None
     busy = planned is None or _demand(recent) > current * planned * DOWN_MARGIN
     # Late: the soonest replica's next first token is past the target, or a busy fleet refuses by time (a quiet
     # fleet's refusals are requests too long for the target even alone: more replicas would not help them).
     late = (knobs.ttft_target_s is not None and bool(waits) and min(waits) > knobs.ttft_target_s) or (
         busy and any(r.refused > 0 for r in recent))
     desired = current
-    if planned is not None:
+    if capacity is not None:
         up, down = _demand(recent), max(_demand(recent), _demand(replicas))
-        needed = math.ceil(up / planned) if up > 0 else knobs.min_replicas
-        fewest = max(1, math.ceil(down / (planned * DOWN_MARGIN)))  # where the demand fits with the margin
-        if needed > current:
-            desired = needed
-        elif fewest < current and not late:
-            desired = fewest
+
+        def fits(size: int, demand: float, share: float) -> bool:
+            return demand <= size * _at_size(size, current, capacity, by_size) * share
+
+        if not fits(current, up, knobs.target_utilization):
+            desired = next((n for n in range(current + 1, knobs.max_replicas + 1)
+                            if fits(n, up, knobs.target_utilization)), knobs.max_replicas)
+        elif not late:  # to the fewest where the demand fits with the margin
+            desired = next(n for n in range(1, current + 1)
+                           if n == current or fits(n, down, knobs.target_utilization * DOWN_MARGIN))
     if late:
         desired = max(desired, current + 1)
     return max(knobs.min_replicas, min(knobs.max_replicas, desired))

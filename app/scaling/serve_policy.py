@@ -23,13 +23,14 @@ from ray.serve.config import AutoscalingContext
 
 from app.config.autoscaling import AutoscalingSettings
 from app.scaling.decision import KV_NAMESPACE, ScalingDecision, kv_key
-from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas, planning_capacities
+from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas, full_batch_capacities, planning_capacities
 
 # Under "ray.serve": the policy runs in Serve's controller, whose log file takes that logger's records only.
 log = logging.getLogger("ray.serve").getChild(__name__)
 PUBLISH_EVERY_S = 1.0
 STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when the target rose above those running
 LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacity of one replica
+BY_SIZE = "app_capacity_by_size"  # ... and one replica's, measured near a full batch, by fleet size ("2": 85.0)
 
 # Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
 # load shows there at once, where the look-back average lags it by half its window.
@@ -63,7 +64,8 @@ class TokenDemandPolicy:
         stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
         stable, recent = _with_known_capacity(state, stable, recent)
-        desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent)
+        by_size = _capacity_by_size(ctx, recent or stable)
+        desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent, by_size)
         if desired != ctx.current_num_replicas and desired != self._logged:  # Serve logs a change, not its inputs
             log.info("%s: %d -> %d replicas on look-back %s, recent %s", ctx.deployment_name,
                      ctx.current_num_replicas, desired, stable, recent)
@@ -92,6 +94,15 @@ def _with_known_capacity(state: dict[str, Any], stable: list[ReplicaFigures], re
     if known is None:
         return stable, recent
     return [replace(r, capacity=known) for r in stable], recent and [replace(r, capacity=known) for r in recent]
+
+
+def _capacity_by_size(ctx: AutoscalingContext, recent: list[ReplicaFigures]) -> dict[int, float]:
+    """One replica's capacity by fleet size, renewed from the last seconds' full batches while the fleet is steady (a
+    replica loading beside the others takes their cores; a figure averaged across a change belongs to neither)."""
+    full = full_batch_capacities(recent)
+    if full and ctx.target_num_replicas == ctx.current_num_replicas:  # str keys: the state is Serve's to keep
+        ctx.policy_state.setdefault(BY_SIZE, {})[str(ctx.current_num_replicas)] = statistics.median(full)
+    return {int(size): capacity for size, capacity in ctx.policy_state.get(BY_SIZE, {}).items()}
 
 
 def _decision(ctx: AutoscalingContext, desired: int, stable: list[ReplicaFigures], now: float) -> ScalingDecision:

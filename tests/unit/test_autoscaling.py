@@ -22,7 +22,7 @@ from app.rayserve.builder import build_from_config, colocated
 from app.rayserve.scaling_view import ScalingView
 from app.scaling.decision import ScalingDecision
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
-from app.scaling.serve_policy import LAST_CAPACITY, STARTING_SINCE, TokenDemandPolicy, _decision
+from app.scaling.serve_policy import BY_SIZE, LAST_CAPACITY, STARTING_SINCE, TokenDemandPolicy, _decision
 from tests.support.fake_stack import make_config, make_request
 from tests.support.service import REPO
 from tests.unit.test_builder import _engine_behind_the_ingress
@@ -137,7 +137,41 @@ def test_capacities_measured_near_a_full_batch_outweigh_a_light_load_s_extrapola
     policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
     ctx = _Context(2, {"served": {"a": 70.0, "b": 70.0}, "refused": {"a": 0.0, "b": 0.0},
                        "capacity": {"a": 225.0, "b": 144.0}, "full_batch": {"a": 1.0, "b": 0.0}})
-    assert policy(ctx) == (1, {"kept": True, LAST_CAPACITY: 225.0})  # type: ignore[arg-type]
+    assert policy(ctx) == (1, {"kept": True, LAST_CAPACITY: 225.0, BY_SIZE: {"2": 225.0}})  # type: ignore[arg-type]
+
+
+def test_replicas_that_share_a_machine_are_planned_on_what_one_measured_at_each_fleet_size():
+    """Round 2 of the interleaved real runs: two engines on two cores kept 71-91 output tokens/s from their full
+    batches where one alone kept 240, so a light load after the drop never fitted one replica by those figures."""
+    contended = [ReplicaFigures(50.0, 0.0, 80.0, 0.1, full_batch=1.0)] * 2
+    assert desired_replicas(2, contended, KNOBS) == 2  # 100 against 80 x 0.8 x 0.85 = 54 for one: kept two
+    assert desired_replicas(2, contended, KNOBS, by_size={1: 240.0}) == 1  # 100 against 240 x 0.68 = 163
+    # Back on one, the replica kept reports what it kept from the contended batches, with no full batch since.
+    kept = [ReplicaFigures(120.0, 0.0, 131.0, 0.1)]
+    assert desired_replicas(1, kept, KNOBS) == 2  # 120 against 131 x 0.8: back up
+    assert desired_replicas(1, kept, KNOBS, by_size={1: 240.0, 2: 80.0}) == 1  # 120 against 240 x 0.8
+    # A larger fleet is planned on no more than it measured: three of 80 for 300 of demand (4 of the bounds).
+    alone = [ReplicaFigures(200.0, 100.0, 240.0, 0.1, full_batch=1.0)]
+    assert desired_replicas(1, alone, KNOBS) == 2  # 300 against 2 x 192
+    assert desired_replicas(1, alone, KNOBS, by_size={2: 80.0}) == 4  # 2 x 64 and 3 x 64 are short of 300
+
+
+def test_the_policy_keeps_each_fleet_size_s_capacity_from_the_steady_fleet_s_last_seconds():
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    full = {"served": {"a": 200.0}, "refused": {"a": 0.0}, "capacity": {"a": 240.0}, "full_batch": {"a": 1.0}}
+    starting = _Context(1, full, target=2)  # the second replica loads beside it: a figure of neither size
+    assert BY_SIZE not in policy(starting)[1]  # type: ignore[arg-type]
+    steady = _Context(1, full)
+    desired, state = policy(steady)  # type: ignore[arg-type]
+    assert state[BY_SIZE] == {"1": 240.0}
+    two = _Context(2, {"served": {"a": 50.0, "b": 50.0}, "refused": {"a": 0.0, "b": 0.0},
+                       "capacity": {"a": 85.0, "b": 75.0}, "full_batch": {"a": 1.0, "b": 1.0}})
+    two.policy_state = state
+    assert policy(two) == (1, {**state, BY_SIZE: {"1": 240.0, "2": 80.0}})  # type: ignore[arg-type]
+    light = _Context(2, {"served": {"a": 50.0, "b": 50.0}, "refused": {"a": 0.0, "b": 0.0},
+                         "capacity": {"a": 85.0, "b": 75.0}, "full_batch": {"a": 0.0, "b": 0.0}})
+    light.policy_state = {"kept": True, BY_SIZE: {"2": 80.0}}
+    assert policy(light)[1][BY_SIZE] == {"2": 80.0}  # type: ignore[arg-type]  # no full batch: nothing renewed
 
 
 def test_nothing_measured_keeps_the_count_and_the_bounds_hold():

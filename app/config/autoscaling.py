@@ -39,7 +39,7 @@ class AutoscalingSettings(StrictModel):
         "that a pause in the load does not cost a replica's start).")
     look_back_s: float = Field(
         30.0, gt=10, description="The window over which Serve averages each replica's figures for a decision (more "
-        "than Serve's 10 s between a replica's reports).")
+        "than 10 s: several of a replica's reports, one every 2 s).")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSettings:

@@ -32,9 +32,14 @@ STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when t
 LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacity of one replica
 BY_SIZE = "app_capacity_by_size"  # ... and one replica's, measured near a full batch, by fleet size ("2": 85.0)
 
-# Scale-up reads each replica's samples of this many seconds before its newest (Serve's push interval): the step of
-# load shows there at once, where the look-back average lags it by half its window.
+# Scale-up reads each replica's samples of this many seconds before its newest: the step of load shows there at
+# once, where the look-back average lags it by half its window.
 RECENT_S = 10.0
+# How often each replica records and pushes its figures to Serve's controller. Serve 2.60's default is 10 s, and its
+# RAY_SERVE_*_AUTOSCALING_METRIC_PUSH_INTERVAL_S variables are read by nothing; the deprecated `metrics_interval_s`
+# is what its replicas and handles use. At 10 s a step reached the policy 7-18 s late (the real rounds of
+# docs/autoscaling.md), and a controller tick that saw no new report reset Serve's delay.
+REPORT_EVERY_S = 2.0
 _FIGURES = ("served", "refused", "capacity", "wait_s", "full_batch")
 
 
@@ -153,6 +158,7 @@ def serve_autoscaling_config(settings: AutoscalingSettings, ttft_target_s: float
         "upscale_delay_s": settings.upscale_delay_s,
         "downscale_delay_s": settings.downscale_delay_s,
         "look_back_period_s": settings.look_back_s,
+        "metrics_interval_s": REPORT_EVERY_S,
     }
     if settings.policy == "ongoing_requests":  # no `policy`: Serve's default, on requests in flight per replica
         if settings.target_ongoing_requests is not None:

@@ -63,10 +63,6 @@ DRAIN_GRACE_S = 2
 LONGER = 48
 # The fake engines' pace: 4.8 s for LONGER tokens, 9.6 s for a long stream's 96, so both are under way at a fault.
 FAKE_TOKEN_DELAY_S = 0.1
-# Serve's replicas and handles report autoscaling figures every 10 s; every 2 s here, so that the autoscaling test's
-# look-back can be seconds (only autoscaled deployments report; the manifest's are fixed).
-FAST_REPORTS = {"RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2",
-                "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "2"}
 
 
 def manifest_serve_config(port: int) -> dict:
@@ -105,7 +101,7 @@ class Deployment:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
     with running_local_cluster(tmp_path_factory.mktemp("local-cluster"), workers=2,
-                               env={"APP_API_KEYS": KEY, **FAST_REPORTS}) as c:
+                               env={"APP_API_KEYS": KEY}) as c:
         yield c
 
 
@@ -203,8 +199,7 @@ def test_the_default_config_scales_to_a_second_replica_under_load_and_back_faili
     model["engine_kind"] = "fake"
     model["engine"]["fake_token_delay_s"] = 0.08
     model["deployment"].update({"max_ongoing_requests": 16, "max_queued_requests": 32})  # 20 clients: none refused
-    # The shortest look-back the config takes (above Serve's default 10 s report interval), five reports here
-    # (FAST_REPORTS): with 10 s reports, ticks that saw no report reset Serve's delay and 2 -> 1 took 97 s.
+    # The shortest look-back the config takes, five of a replica's reports (one every 2 s, scaling/serve_policy.py).
     model["deployment"]["autoscaling"].update({"upscale_delay_s": 0, "downscale_delay_s": 5, "look_back_s": 11})
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -56,6 +56,7 @@ def test_serve_gets_the_service_s_policy_with_the_model_s_bounds_target_and_dela
     scaling = deployment._deployment_config.autoscaling_config
     assert (scaling.min_replicas, scaling.max_replicas, scaling.initial_replicas) == (1, 3, 1)
     assert (scaling.upscale_delay_s, scaling.downscale_delay_s) == (10.0, 90.0)
+    assert scaling.metrics_interval_s == 2.0  # each replica's figures reach the policy every 2 s, not 10
     assert scaling.policy.policy_function == "app.scaling.serve_policy:TokenDemandPolicy"
     assert scaling.policy.policy_kwargs == {"min_replicas": 1, "max_replicas": 3, "target_utilization": 0.8,
                                             "ttft_target_s": 8.0}

@@ -91,16 +91,21 @@ def _demand(replicas: list[ReplicaFigures]) -> float:
 
 
 def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs,
-                     recent: list[ReplicaFigures] | None = None, by_size: dict[int, float] | None = None) -> int:
+                     recent: list[ReplicaFigures] | None = None, by_size: dict[int, float] | None = None,
+                     measured_at: int | None = None) -> int:
     """The replica count the demand needs, within the bounds; `current` when nothing is measured yet.
 
     `replicas`: each replica's figures averaged over the look-back window; `recent`: over the last few seconds
     (default: the same). Up follows the recent figures (a step shows there within seconds; the look-back average put
     the first decision 30 s later and then asked for one replica at a time), down only what both windows allow.
-    `by_size`: one replica's capacity measured near a full batch at each fleet size, where known."""
+    `by_size`: one replica's capacity measured near a full batch at each fleet size, where known; `measured_at`: the
+    fleet size the windows' figures were measured at (default `current`; the one before, just after a change)."""
     recent = recent if recent is not None else replicas
     by_size = by_size or {}
-    capacity = _per_replica(current, [*replicas, *recent], by_size)
+    measured_at = measured_at or current
+    capacity = _per_replica(measured_at, [*replicas, *recent], by_size)
+    if capacity is not None:
+        capacity = _at_size(current, measured_at, capacity, by_size)
     waits = [r.wait_s for r in recent if r.wait_s is not None]
     planned = capacity * knobs.target_utilization if capacity is not None else None
     busy = planned is None or _demand(recent) > current * planned * DOWN_MARGIN

@@ -31,6 +31,11 @@ PUBLISH_EVERY_S = 1.0
 STARTING_SINCE = "app_starting_since"  # our key in Serve's policy state: when the target rose above those running
 LAST_CAPACITY = "app_last_capacity"  # ... and the fleet's last measured capacity of one replica
 BY_SIZE = "app_capacity_by_size"  # ... and one replica's, measured near a full batch, by fleet size ("2": 85.0)
+FLEET = "app_fleet"  # ... and the replicas running, since when, and how many before: [2, 1733390000.0, 1]
+# After the replicas running change, their figures belong to the fleet before for this long: the replica's own 10 s
+# window, Serve's 30 s look-back, and a stopped replica's drain (30 s) beside them. Just after a scale-down the kept
+# replica still reported the 31 output tokens/s of its contended full batches, and the policy asked for two again.
+SETTLE_S = 40.0
 
 # Scale-up reads each replica's samples of this many seconds before its newest: the step of load shows there at
 # once, where the look-back average lags it by half its window.
@@ -69,8 +74,9 @@ class TokenDemandPolicy:
         stable = _figures(ctx.running_replicas, ctx.aggregated_metrics or {})
         recent = _figures(ctx.running_replicas, _recent(getattr(ctx, "raw_metrics", None) or {})) or None
         stable, recent = _with_known_capacity(state, stable, recent)
-        by_size = _capacity_by_size(ctx, recent or stable)
-        desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent, by_size)
+        measured_at = _measured_at(state, ctx.current_num_replicas, now)
+        by_size = _capacity_by_size(ctx, recent or stable, measured_at)
+        desired = desired_replicas(ctx.current_num_replicas, stable, self.knobs, recent, by_size, measured_at)
         if desired != ctx.current_num_replicas and desired != self._logged:  # Serve logs a change, not its inputs
             log.info("%s: %d -> %d replicas on look-back %s, recent %s", ctx.deployment_name,
                      ctx.current_num_replicas, desired, stable, recent)
@@ -101,11 +107,21 @@ def _with_known_capacity(state: dict[str, Any], stable: list[ReplicaFigures], re
     return [replace(r, capacity=known) for r in stable], recent and [replace(r, capacity=known) for r in recent]
 
 
-def _capacity_by_size(ctx: AutoscalingContext, recent: list[ReplicaFigures]) -> dict[int, float]:
+def _measured_at(state: dict[str, Any], running: int, now: float) -> int:
+    """The fleet size the replicas' figures were measured at: the one before for SETTLE_S after a change."""
+    size, since, before = state.setdefault(FLEET, [running, 0.0, running])
+    if size != running:
+        size, since, before = running, now, size
+        state[FLEET] = [size, since, before]
+    return before if now - since < SETTLE_S else size
+
+
+def _capacity_by_size(ctx: AutoscalingContext, recent: list[ReplicaFigures], measured_at: int) -> dict[int, float]:
     """One replica's capacity by fleet size, renewed from the last seconds' full batches while the fleet is steady (a
     replica loading beside the others takes their cores; a figure averaged across a change belongs to neither)."""
     full = full_batch_capacities(recent)
-    if full and ctx.target_num_replicas == ctx.current_num_replicas:  # str keys: the state is Serve's to keep
+    steady = ctx.target_num_replicas == ctx.current_num_replicas == measured_at
+    if full and steady:  # str keys: the state is Serve's to keep
         ctx.policy_state.setdefault(BY_SIZE, {})[str(ctx.current_num_replicas)] = statistics.median(full)
     return {int(size): capacity for size, capacity in ctx.policy_state.get(BY_SIZE, {}).items()}
 

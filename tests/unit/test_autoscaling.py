@@ -22,7 +22,15 @@ from app.rayserve.builder import build_from_config, colocated
 from app.rayserve.scaling_view import ScalingView
 from app.scaling.decision import ScalingDecision
 from app.scaling.policy import Knobs, ReplicaFigures, desired_replicas
-from app.scaling.serve_policy import BY_SIZE, LAST_CAPACITY, STARTING_SINCE, TokenDemandPolicy, _decision
+from app.scaling.serve_policy import (
+    BY_SIZE,
+    FLEET,
+    LAST_CAPACITY,
+    SETTLE_S,
+    STARTING_SINCE,
+    TokenDemandPolicy,
+    _decision,
+)
 from tests.support.fake_stack import make_config, make_request
 from tests.support.service import REPO
 from tests.unit.test_builder import _engine_behind_the_ingress
@@ -138,7 +146,8 @@ def test_capacities_measured_near_a_full_batch_outweigh_a_light_load_s_extrapola
     policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
     ctx = _Context(2, {"served": {"a": 70.0, "b": 70.0}, "refused": {"a": 0.0, "b": 0.0},
                        "capacity": {"a": 225.0, "b": 144.0}, "full_batch": {"a": 1.0, "b": 0.0}})
-    assert policy(ctx) == (1, {"kept": True, LAST_CAPACITY: 225.0, BY_SIZE: {"2": 225.0}})  # type: ignore[arg-type]
+    assert policy(ctx) == (1, {"kept": True, LAST_CAPACITY: 225.0, BY_SIZE: {"2": 225.0},  # type: ignore[arg-type]
+                               FLEET: [2, 0.0, 2]})
 
 
 def test_replicas_that_share_a_machine_are_planned_on_what_one_measured_at_each_fleet_size():
@@ -167,12 +176,35 @@ def test_the_policy_keeps_each_fleet_size_s_capacity_from_the_steady_fleet_s_las
     assert state[BY_SIZE] == {"1": 240.0}
     two = _Context(2, {"served": {"a": 50.0, "b": 50.0}, "refused": {"a": 0.0, "b": 0.0},
                        "capacity": {"a": 85.0, "b": 75.0}, "full_batch": {"a": 1.0, "b": 1.0}})
-    two.policy_state = state
-    assert policy(two) == (1, {**state, BY_SIZE: {"1": 240.0, "2": 80.0}})  # type: ignore[arg-type]
+    two.policy_state = {**state, FLEET: [2, 0.0, 1]}  # two running for a while
+    assert policy(two) == (1, {**state, FLEET: [2, 0.0, 1], LAST_CAPACITY: 80.0,  # type: ignore[arg-type]
+                               BY_SIZE: {"1": 240.0, "2": 80.0}})
     light = _Context(2, {"served": {"a": 50.0, "b": 50.0}, "refused": {"a": 0.0, "b": 0.0},
                          "capacity": {"a": 85.0, "b": 75.0}, "full_batch": {"a": 0.0, "b": 0.0}})
     light.policy_state = {"kept": True, BY_SIZE: {"2": 80.0}}
     assert policy(light)[1][BY_SIZE] == {"2": 80.0}  # type: ignore[arg-type]  # no full batch: nothing renewed
+
+
+def test_just_after_a_scale_down_the_kept_replica_s_figures_count_as_the_larger_fleet_s():
+    """The real round of 08:28: Serve stopped one of two replicas, and the kept one's window still held the 31 output
+    tokens/s of its full batches beside the other engine; read as one replica's capacity, the light load (40) asked
+    for two again at once, and Serve started one 10 s later."""
+    policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
+    kept = {"served": {"b": 40.0}, "refused": {"b": 0.0}, "capacity": {"b": 31.0}, "full_batch": {"b": 1.0}}
+    now = time.time()
+    just = _Context(1, kept)
+    just.policy_state = {BY_SIZE: {"1": 160.0, "2": 31.0}, FLEET: [2, now - 300, 1]}
+    desired, state = policy(just)  # type: ignore[arg-type]
+    assert desired == 1 and state[FLEET][:1] == [1] and state[FLEET][2] == 2  # measured at two: 160 for one
+    assert state[BY_SIZE] == {"1": 160.0, "2": 31.0}  # nothing renewed from figures of the fleet before
+    state[FLEET][1] = now - SETTLE_S - 1  # settled: the figures are one replica's own
+    assert policy(_context_with(kept, state))[0] == 2  # type: ignore[arg-type]
+
+
+def _context_with(metrics: dict, state: dict) -> _Context:
+    ctx = _Context(len(next(iter(metrics.values()))), metrics)
+    ctx.policy_state = state
+    return ctx
 
 
 def test_nothing_measured_keeps_the_count_and_the_bounds_hold():
@@ -194,7 +226,8 @@ class _Context:
 def test_serve_s_context_becomes_the_policy_s_figures():
     policy = TokenDemandPolicy(min_replicas=1, max_replicas=2, target_utilization=0.8, ttft_target_s=10.0)
     busy = {"served": {"a": 75.0}, "refused": {"a": 40.0}, "capacity": {"a": 100.0}, "wait_s": {"a": 11.0}}
-    assert policy(_Context(1, busy)) == (2, {"kept": True, LAST_CAPACITY: 100.0})  # type: ignore[arg-type]
+    assert policy(_Context(1, busy)) == (2, {"kept": True, LAST_CAPACITY: 100.0,  # type: ignore[arg-type]
+                                             FLEET: [1, 0.0, 1]})
     idle = {"served": {"a": 5.0, "b": 5.0}, "refused": {"a": 0.0, "b": 0.0}, "capacity": {"a": 100.0, "b": 90.0}}
     assert policy(_Context(2, idle))[0] == 1  # type: ignore[arg-type]
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 from scalesim.replica import CostModel, Job, SimReplica
 
-PUSH_S = 10.0  # Serve 2.60's RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S
+# Serve 2.60's default `metrics_interval_s` (its RAY_SERVE_*_PUSH_INTERVAL_S variables are read by nothing). The
+# service's engine deployments set 2 s (app/scaling/serve_policy.REPORT_EVERY_S); the simulation is not rerun at 2 s.
+PUSH_S = 10.0
 DRAIN_GRACE_S = 30.0  # the service's drain_grace_s: what a stopped replica cannot finish then continues elsewhere
 
 

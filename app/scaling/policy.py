@@ -69,13 +69,10 @@ def _per_replica(current: int, replicas: list[ReplicaFigures], by_size: dict[int
     """One replica's capacity in the fleet as it runs: measured near a full batch in the window; else what was
     measured at this fleet size before (a figure a replica kept from another size, or extrapolated, is worse);
     else what the replicas report."""
-    full = full_batch_capacities(replicas)
-    if full:
-        return statistics.median(full)
-    if current in by_size:
+    if current in by_size and not full_batch_capacities(replicas):
         return by_size[current]
-    reported = [r.capacity for r in replicas if r.capacity]
-    return statistics.median(reported) if reported else None
+    measured = planning_capacities(replicas)
+    return statistics.median(measured) if measured else None
 
 
 def _at_size(size: int, current: int, now: float, by_size: dict[int, float]) -> float:

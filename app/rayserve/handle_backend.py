@@ -8,17 +8,18 @@ or unavailable replica, a cancelled call) become the service's 429/503 with the 
 A request that nothing has come back for yet is retried on another replica when the one it reached refuses it for a
 reason another replica may not have (full, over its time target, engine dead, starting, wedged or draining) or dies
 under it: up to `ATTEMPTS` replicas, each told which replicas to avoid (`rayserve/request_router.py` reads that),
-within the request's remaining time. The client hears the last refusal only when every attempt was refused.
+within the request's remaining time, and a full one only while some replica known has not refused it. The client
+hears the last refusal only when every attempt was refused.
 
 With fleet routing (`routing`: app/routing/), each attempt is ranked over the replicas first: the replica predicted
 to give the first token soonest (its queue, and the prefill of what its prefix cache does not hold) is offered first,
 and a request that even the soonest would serve later than its first-token target is refused here at once.
 
-A request whose replica fails after answering (its engine died or wedged, the replica died or was stopped) continues
-on another replica: each unfinished choice resumes from the tokens it already had (app/engine/continuation.py), up to
-`ATTEMPTS` times each, and the client's stream goes on unbroken. One that cannot (structured output, tool-call
-parsing) ends with the retryable 503. Counted in `migrated` (/metrics), with the streams taken out of the engine
-while their client did not read (rayserve/client_pauses.py).
+A request whose replica fails after answering (its engine died or wedged, the replica died or stopped) continues on
+another replica: each unfinished choice resumes from the tokens it had (app/engine/continuation.py), up to `ATTEMPTS`
+times each, and the client's stream goes on unbroken. One that cannot (structured output, tool-call parsing) ends
+with the retryable 503. Counted in `migrated` (/metrics), with streams taken out of the engine while their client
+did not read (rayserve/client_pauses.py).
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ from app.routing.decision import Decision
 from app.routing.model_routing import ModelRouting
 
 log = logging.getLogger(__name__)
-# Replicas one request may try before the client is told no. Three: with two replicas, both and one more
-# draw (a replacement may have come up); beyond that a refusal is the whole deployment's answer.
+# Replicas one request may try before it is refused: with two, both and a replacement that may have come up.
 ATTEMPTS = 3
 STATS_TIMEOUT_S = 5.0
 
@@ -217,9 +217,9 @@ class HandleBackend:
                 if answered and isinstance(error, ServiceUnavailable):
                     raise Lost(error, refused_by or replica) from None
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
-                if answered or last or not worth_another_replica(error):
-                    raise error from None
                 avoid += (refused_by,) if refused_by else ()
+                if answered or last or not worth_another_replica(error, avoid, self._loads()):
+                    raise error from None
                 if isinstance(error, EngineWedged):  # not sent on unchanged: it may be what was slow
                     request = replace(request, after_wedge=True)
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1
@@ -257,9 +257,9 @@ class HandleBackend:
                 return answer
             error = cast(Refused, answer).error
             last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
-            if last or not worth_another_replica(error):
-                raise error
             avoid += (answer.replica,) if answer.replica else ()
+            if last or not worth_another_replica(error, avoid, self._loads()):
+                raise error
             self.retried[error.code or type(error).__name__] += 1
             log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                      request.trace_id or request.request_id, answer.replica or "?", error, attempt + 1, ATTEMPTS)

@@ -4,6 +4,7 @@ refusals are worth another replica, and a stream lost after it answered (`Lost`)
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
@@ -24,10 +25,16 @@ class Refused:
     replica: str = ""
 
 
-def worth_another_replica(err: BaseException) -> bool:
+def worth_another_replica(err: BaseException, refused_by: Collection[str] = (),
+                          known: Collection[str] = ()) -> bool:
     """Refusals (already `translate`d: a dead replica is a ServiceUnavailable) that say something about the
-    replica, not the request: another replica may take it."""
-    return isinstance(err, (QueueFull, ServiceUnavailable)) and not isinstance(err, NeverInTime)
+    replica, not the request: another replica may take it. Not a capacity refusal (429) once every replica `known`
+    here is among those that `refused_by` it: the next try would reach one of them again, render and tokenize the
+    prompt again and be refused again (a lone replica was asked three times for each refusal, and counted each as
+    demand for the autoscaling policy)."""
+    if not isinstance(err, (QueueFull, ServiceUnavailable)) or isinstance(err, NeverInTime):
+        return False
+    return not (isinstance(err, QueueFull) and known and set(known) <= set(refused_by))
 
 
 def translate(err: BaseException) -> BaseException:

@@ -19,6 +19,7 @@ from app.engine.fake import FakeEngine
 from app.engine.fake_model import EMBEDDING_SIZE
 from app.engine.interface import Embeddings, EmbedRequest, PromptInput
 from app.errors import InvalidRequest, QueueFull
+from app.host.replica_load import ReplicaLoad
 from app.openai.embeddings import base64_of
 from app.rayserve.handle_backend import HandleBackend, Refused
 from tests.support.error_shape import assert_error_shape
@@ -340,6 +341,16 @@ async def test_handle_backend_retries_a_full_replica_and_passes_a_400_through():
     with pytest.raises(InvalidRequest) as err:
         await HandleBackend(refused).embed(_request("a"))  # type: ignore[arg-type]
     assert err.value.param == "input" and len(refused.calls) == 1
+
+
+async def test_handle_backend_does_not_ask_its_only_replica_again_when_full():
+    handle = _Answers(Refused(QueueFull("full", retry_after_s=1), replica="r1"),
+                      Embeddings(vectors=((1.0, 0.0),), prompt_tokens=3))
+    backend = HandleBackend(handle)  # type: ignore[arg-type]
+    backend._loads = lambda: {"r1": ReplicaLoad()}  # type: ignore[method-assign]  # the one replica known
+    with pytest.raises(QueueFull):
+        await backend.embed(_request("a"))
+    assert len(handle.calls) == 1
 
 
 async def test_the_host_refuses_the_other_runners_requests_too(make_stack):

@@ -15,6 +15,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
 from app.errors import InvalidRequest, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
+from app.host.replica_load import ReplicaLoad
 from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused, translate
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
@@ -123,6 +124,48 @@ async def test_when_every_attempt_is_refused_the_client_hears_the_last_refusal()
             pass
     assert raised.value is refusals[-1]
     assert [avoid for _, (_, avoid) in handle.calls] == [(), ("r0",), ("r0", "r1")]
+
+
+def fleet_of(backend: HandleBackend, *replicas: str) -> HandleBackend:
+    """`backend` with `replicas` as the replicas its process's router knows (request_router.replica_loads)."""
+    backend._loads = lambda: {r: ReplicaLoad() for r in replicas}  # type: ignore[method-assign]
+    return backend
+
+
+async def test_a_capacity_refusal_from_the_only_replica_is_not_tried_again():
+    full = QueueFull("over its time target", retry_after_s=4)
+    handle = StandInHandle(responses=[StandInResponse([Refused(full, "r1")]), StandInResponse(ITEMS)])
+    backend = fleet_of(HandleBackend(handle), "r1")
+    with pytest.raises(QueueFull) as raised:
+        async for _ in backend.generate(make_request("hello")):
+            pass
+    assert raised.value is full and len(handle.calls) == 1 and not backend.retried
+
+
+async def test_capacity_refusals_stop_once_every_known_replica_refused():
+    refusals = [QueueFull(f"full {i}", retry_after_s=1) for i in range(2)]
+    handle = StandInHandle(responses=[StandInResponse([Refused(r, f"r{i}")]) for i, r in enumerate(refusals)])
+    backend = fleet_of(HandleBackend(handle), "r0", "r1")
+    with pytest.raises(QueueFull) as raised:
+        async for _ in backend.generate(make_request("hello")):
+            pass
+    assert raised.value is refusals[1]
+    assert [avoid for _, (_, avoid) in handle.calls] == [(), ("r0",)]  # not a third time to r0 or r1
+
+
+async def test_a_lone_replica_whose_engine_is_down_is_still_tried_again():
+    down = StandInResponse([Refused(ServiceUnavailable("engine restarting", retry_after_s=5), "r1")])
+    handle = StandInHandle(responses=[down, StandInResponse(ITEMS)])
+    backend = fleet_of(HandleBackend(handle), "r1")
+    assert [item async for item in backend.generate(make_request("hello"))] == ITEMS  # it may be back by then
+
+
+async def test_a_replica_the_router_learned_of_after_the_refusal_is_tried():
+    handle = StandInHandle(responses=[StandInResponse([Refused(QueueFull("full", retry_after_s=1), "r1")]),
+                                      StandInResponse(ITEMS)])
+    backend = fleet_of(HandleBackend(handle), "r1", "r2")  # r2 came up: a scale-up, or a replacement
+    assert [item async for item in backend.generate(make_request("hello"))] == ITEMS
+    assert [avoid for _, (_, avoid) in handle.calls] == [(), ("r1",)]
 
 
 async def test_a_replica_that_dies_before_answering_is_retried():

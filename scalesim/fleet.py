@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from app.scaling.serve_policy import REPORT_EVERY_S
 from scalesim.replica import CostModel, Job, SimReplica
 
-# Serve 2.60's default `metrics_interval_s` (its RAY_SERVE_*_PUSH_INTERVAL_S variables are read by nothing). The
-# service's engine deployments set 2 s (app/scaling/serve_policy.REPORT_EVERY_S); the simulation is not rerun at 2 s.
-PUSH_S = 10.0
+# What the service's engine deployments set as Serve's `metrics_interval_s`, for every policy simulated (Serve's
+# default is 10 s; its RAY_SERVE_*_PUSH_INTERVAL_S variables are read by nothing).
+PUSH_S = REPORT_EVERY_S
 DRAIN_GRACE_S = 30.0  # the service's drain_grace_s: what a stopped replica cannot finish then continues elsewhere
 
 

@@ -17,7 +17,8 @@ is planned on at least what one replica measured at that size, a larger one at m
 slows the others and adding one never speeds them up.
 
 Scale up: to `desired`, and by one at least while an arrival's predicted first token on the soonest replica is past
-the target or a busy fleet refuses by time (the demand a saturated fleet can measure is capped by what it serves).
+the target or every replica of a busy fleet refuses by time (the demand a saturated fleet can measure is capped by what
+it serves).
 Scale down: to the fewest replicas the demand fits with a margin (`DOWN_MARGIN`), in one step, so that removing
 replicas cannot itself call for one again, and a step of load costs one scale event each way. Serve applies
 `upscale_delay_s` and `downscale_delay_s` to the answer (the desire must hold that long), and the bounds.
@@ -106,10 +107,12 @@ def desired_replicas(current: int, replicas: list[ReplicaFigures], knobs: Knobs,
     waits = [r.wait_s for r in recent if r.wait_s is not None]
     planned = capacity * knobs.target_utilization if capacity is not None else None
     busy = planned is None or _demand(recent) > current * planned * DOWN_MARGIN
-    # Late: the soonest replica's next first token is past the target, or a busy fleet refuses by time (a quiet
-    # fleet's refusals are requests too long for the target even alone: more replicas would not help them).
+    # Late: the soonest replica's next first token is past the target, or a busy fleet refuses by time on every
+    # replica (a quiet fleet's refusals are requests too long for the target even alone: more replicas would not help
+    # them; one replica still refusing the backlog of a step beside new ones with room added a third replica where
+    # two were planned, in the simulation's step at 2 s reports).
     late = (knobs.ttft_target_s is not None and bool(waits) and min(waits) > knobs.ttft_target_s) or (
-        busy and any(r.refused > 0 for r in recent))
+        busy and bool(recent) and all(r.refused > 0 for r in recent))
     desired = current
     if capacity is not None:
         up, down = _demand(recent), max(_demand(recent), _demand(replicas))

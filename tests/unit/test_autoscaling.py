@@ -121,7 +121,9 @@ def test_the_policy_scales_down_in_one_step_only_with_room_to_spare_and_never_fl
     assert desired_replicas(2, [_replica(36), _replica(36)], KNOBS) == 2  # 72 would not: keep two
     assert desired_replicas(4, [_replica(5)] * 4, KNOBS) == 1  # to the fewest that fit, in one scale event
     assert desired_replicas(4, [_replica(40)] * 4, KNOBS) == 3  # 160 fits three (204), not two (136)
-    assert desired_replicas(2, [_replica(70, refused=1), _replica(70)], KNOBS) == 3  # busy and refusing: up
+    assert desired_replicas(2, [_replica(70, refused=1), _replica(70, refused=1)], KNOBS) == 3  # busy, refusing: up
+    # One replica refusing (a step's backlog) beside one with room is not a fleet short of capacity.
+    assert desired_replicas(2, [_replica(70, refused=1), _replica(70)], KNOBS) == 2
     assert desired_replicas(2, [_replica(5, refused=1), _replica(5)], KNOBS) == 1  # quiet: a too-long request
     # Between the thresholds (68 .. 80 of one replica's planned 80) neither direction moves: no flapping.
     for demand in (69, 75, 79):

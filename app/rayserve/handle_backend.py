@@ -219,7 +219,7 @@ class HandleBackend:
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
                 if answered or last or not worth_another_replica(error, avoid, self._loads()):
-                    raise error from None
+                    raise (self.scaling.refusal(error) if self.scaling and not answered else error) from None
                 if isinstance(error, EngineWedged):  # not sent on unchanged: it may be what was slow
                     request = replace(request, after_wedge=True)
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1

@@ -6,6 +6,7 @@ cancelled in the end (which stops the replica's generator when the caller went a
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import pytest
@@ -14,9 +15,19 @@ from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
 from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
-from app.errors import InvalidRequest, QueueFull, RequestTimeout, ServiceError, ServiceUnavailable
+from app.errors import (
+    InvalidRequest,
+    NeverInTime,
+    OverTimeTarget,
+    QueueFull,
+    RequestTimeout,
+    ServiceError,
+    ServiceUnavailable,
+)
 from app.host.replica_load import ReplicaLoad
 from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused, translate
+from app.rayserve.scaling_view import ScalingView
+from app.scaling.decision import ScalingDecision
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
 
@@ -166,6 +177,32 @@ async def test_a_replica_the_router_learned_of_after_the_refusal_is_tried():
     backend = fleet_of(HandleBackend(handle), "r1", "r2")  # r2 came up: a scale-up, or a replacement
     assert [item async for item in backend.generate(make_request("hello"))] == ITEMS
     assert [avoid for _, (_, avoid) in handle.calls] == [(), ("r1",)]
+
+
+def starting_view(ready_in_s: float) -> ScalingView:
+    """The view of an autoscaled deployment whose new replica is expected to serve in `ready_in_s`."""
+    now = time.time()
+    view = ScalingView(handle=None)  # type: ignore[arg-type]
+    view._latest = ScalingDecision(desired=2, target=2, running=1, served=300.0, refused=200.0, capacity=320.0,
+                                   wait_s=12.0, start_s=ready_in_s + 10, decided_at=now, starting_since=now - 10)
+    view._read_at = float("inf")  # as if just read
+    return view
+
+
+@pytest.mark.parametrize("refusal, retry_after_s", [
+    (OverTimeTarget("Server is busy", retry_after_s=3), 30),  # when the starting replica is expected
+    (NeverInTime("too long even alone"), None),  # waiting cannot help it: as it was
+    (QueueFull("full", retry_after_s=1), 1),  # not a refusal by time
+], ids=["over-time", "never-in-time", "full"])
+async def test_a_replica_s_refusal_by_time_says_when_the_starting_replica_serves(refusal, retry_after_s):
+    handle = StandInHandle(responses=[StandInResponse([Refused(refusal, "r1")])])
+    backend = fleet_of(HandleBackend(handle), "r1")
+    backend.scaling = starting_view(30.0)
+    with pytest.raises(QueueFull) as raised:
+        async for _ in backend.generate(make_request("hello")):
+            pass
+    assert raised.value.retry_after_s == retry_after_s
+    assert ("expected to serve in about 30 s" in raised.value.message) == (retry_after_s == 30)
 
 
 async def test_a_replica_that_dies_before_answering_is_retried():

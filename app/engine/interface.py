@@ -113,6 +113,9 @@ class GenerateRequest:
     after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
     session_id: str = ""  # the client's X-Session-Id: a hint to the fleet router (app/routing/), never a pin
     tenant: Tenant = Tenant()  # who sent it (app/tenancy.py): its share of the replica's admission
+    # The sender counts this request as demand if it is refused by time (an autoscaled model's ingress, which knows
+    # whether another replica then took it: rayserve/unmet_demand.py); the replica then does not.
+    demand_at_sender: bool = False
 
 
 @dataclass(frozen=True)

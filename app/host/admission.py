@@ -157,7 +157,7 @@ class Admission:
             self._refused_time += 1
             never = never_in_time(self.pace.predict(work, (), (), self.max_running), targets)
             if never is None:  # demand another replica could meet (the autoscaling policy's)
-                self.demand.refused(max_steps * self.pace.output_share, now)
+                self.demand.refused(max_steps * self.pace.output_share if targets.counts_demand else 0.0, now)
                 self._waiting.refused(tenant)
             raise never or late
         return prediction
@@ -212,7 +212,8 @@ class Admission:
                 self._waiting.remove(ticket, refused=True)
                 ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
                 self._refused_time += 1
-                self.demand.refused(ticket.max_steps * self.pace.output_share, now)
+                steps = ticket.max_steps if ticket.targets.counts_demand else 0  # 0: its sender counts it
+                self.demand.refused(steps * self.pace.output_share, now)
                 ticket.wake(late)
 
     async def _admit(

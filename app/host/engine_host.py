@@ -123,7 +123,8 @@ class EngineHost:
         # Cost before commitment: a prompt certainly too long, a full replica, or one where even the least request
         # would miss its targets, is refused before tokenizing (a storm's refusals then cost no tokenizer time).
         self.prompts.refuse_certainly_too_long(request.prompt, request.resumed_tokens)
-        self.admission.refuse_if_full(request.tenant, Targets(first, finish), request.params.max_tokens)
+        targets = Targets(first, finish, counts_demand=not request.demand_at_sender)
+        self.admission.refuse_if_full(request.tenant, targets, request.params.max_tokens)
         arrived = time.monotonic()
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
@@ -194,8 +195,8 @@ class EngineHost:
         visit = _Visit(self.admission.reserve(request.tenant), arrived)
         visit.mark("rendered_ms")
         spent = time.monotonic() - arrived
-        targets = Targets(first_token_s=None if first_s is None else first_s - spent,
-                          finish_s=None if finish_s is None else finish_s - spent)
+        targets = Targets(None if first_s is None else first_s - spent, None if finish_s is None else finish_s - spent,
+                          counts_demand=not getattr(request, "demand_at_sender", False))  # embeddings: counted here
         try:
             await visit.ticket.admit(prompt_tokens + output_tokens, deadline - asyncio.get_running_loop().time(),
                                      targets, prompt_tokens=prompt_tokens, max_steps=max_steps)
@@ -233,11 +234,8 @@ class EngineHost:
         """/detokenize: at most a context's worth of ids, decoded on the tokenizer thread."""
         self.supervisor.require_serving()
         if len(token_ids) > self.model.engine.max_model_len:
-            raise InvalidRequest(
-                f"'tokens' has {len(token_ids)} ids; at most max_model_len "
-                f"({self.model.engine.max_model_len}) can be decoded at once",
-                param="tokens",
-            )
+            raise InvalidRequest(f"'tokens' has {len(token_ids)} ids; at most max_model_len "
+                                 f"({self.model.engine.max_model_len}) can be decoded at once", param="tokens")
         self.admission.refuse_if_full()
         return await self.prompts.decode(token_ids, "tokens")
 

@@ -23,6 +23,7 @@ class Targets:
 
     first_token_s: float | None = None
     finish_s: float | None = None
+    counts_demand: bool = True  # a refusal by time counts as demand here (host/demand.py); False: its sender counts
 
 
 NO_TARGETS = Targets()

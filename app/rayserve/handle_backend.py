@@ -56,7 +56,7 @@ from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, wort
 from app.rayserve.merged_streams import merged
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
 from app.rayserve.scaling_view import ScalingView
-from app.rayserve.unmet_demand import UnmetDemand
+from app.rayserve.unmet_demand import UnmetDemand, unmet_refusal
 from app.routing.decision import Decision
 from app.routing.model_routing import ModelRouting
 
@@ -160,11 +160,8 @@ class HandleBackend:
         if self.routing is None:
             return None
         decision = self.routing.decide(self._loads(), prompt_ids, request, frozenset(avoid), request.session_id)
-        if decision is not None and decision.refusal is not None:
-            if self.unmet is None or self.scaling is None:
-                raise decision.refusal
-            self.unmet.refused(request)  # demand for the autoscaling policy, which sees the replicas' figures only
-            raise self.scaling.refusal(decision.refusal)
+        if decision is not None and decision.refusal is not None:  # counted as demand for the autoscaling policy
+            raise unmet_refusal(decision.refusal, request, self.unmet, self.scaling)
         return decision
 
     def has_room(self) -> bool:  # some replica, as it last reported, would let a request in now (none yet: no)
@@ -187,6 +184,7 @@ class HandleBackend:
         started = time.monotonic()
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
         replica, prompt_tokens = "", 0
+        request = replace(request, demand_at_sender=True) if self.unmet is not None else request  # counted here
         prompt_ids = await self._prompt_ids(request)
         for attempt in range(1, ATTEMPTS + 1):
             remaining_s = request.timeout_s - (time.monotonic() - started)
@@ -219,7 +217,7 @@ class HandleBackend:
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
                 if answered or last or not worth_another_replica(error, avoid, self._loads()):
-                    raise (self.scaling.refusal(error) if self.scaling and not answered else error) from None
+                    raise (error if answered else unmet_refusal(error, request, self.unmet, self.scaling)) from None
                 if isinstance(error, EngineWedged):  # not sent on unchanged: it may be what was slow
                     request = replace(request, after_wedge=True)
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1

@@ -5,6 +5,7 @@ Serve is handed (scaling/serve_policy.py)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from ray.serve._private.common import TimeStampedValue
@@ -103,6 +104,9 @@ async def test_a_replica_reports_what_it_served_what_it_refused_by_time_and_its_
     # Running for 4 s more: a newcomer would wait past the 0.5 s target, though alone it would make it (a target
     # tighter than a first token alone, 0.05 s, made a loaded machine's refusal "never in time": not demand).
     await anext(stream)
+    with pytest.raises(OverTimeTarget):  # sent by an autoscaled ingress, which counts it once it gives up
+        [_ async for _ in host.generate(replace(make_request("late", max_tokens=60), demand_at_sender=True))]
+    assert host.autoscaling_stats()["refused"] == 0
     with pytest.raises(OverTimeTarget):
         [_ async for _ in host.generate(make_request("late", max_tokens=60))]
     assert host.autoscaling_stats()["refused"] > 0  # its would-be output counted as demand

@@ -196,13 +196,47 @@ def starting_view(ready_in_s: float) -> ScalingView:
 ], ids=["over-time", "never-in-time", "full"])
 async def test_a_replica_s_refusal_by_time_says_when_the_starting_replica_serves(refusal, retry_after_s):
     handle = StandInHandle(responses=[StandInResponse([Refused(refusal, "r1")])])
-    backend = fleet_of(HandleBackend(handle), "r1")
-    backend.scaling = starting_view(30.0)
+    backend = autoscaled(fleet_of(HandleBackend(handle), "r1"))
     with pytest.raises(QueueFull) as raised:
         async for _ in backend.generate(make_request("hello")):
             pass
     assert raised.value.retry_after_s == retry_after_s
     assert ("expected to serve in about 30 s" in raised.value.message) == (retry_after_s == 30)
+
+
+class Unmet:
+    """Records what an autoscaled ingress counts as unmet demand (rayserve/unmet_demand.UnmetDemand)."""
+
+    def __init__(self):
+        self.requests: list[GenerateRequest] = []
+
+    def refused(self, request: GenerateRequest) -> None:
+        self.requests.append(request)
+
+
+def autoscaled(backend: HandleBackend) -> HandleBackend:
+    backend.unmet, backend.scaling = Unmet(), starting_view(30.0)  # type: ignore[assignment]
+    return backend
+
+
+async def test_an_autoscaled_ingress_counts_a_refusal_by_time_once_when_it_gives_up():
+    late = [OverTimeTarget(f"late at r{i}", retry_after_s=2) for i in range(2)]
+    handle = StandInHandle(responses=[StandInResponse([Refused(e, f"r{i}")]) for i, e in enumerate(late)])
+    backend = autoscaled(fleet_of(HandleBackend(handle), "r0", "r1"))
+    with pytest.raises(OverTimeTarget):
+        async for _ in backend.generate(make_request("hello")):
+            pass
+    sent = [request for _, (request, *_) in handle.calls]
+    assert all(r.demand_at_sender for r in sent)  # so neither replica counted it
+    assert [r.request_id for r in backend.unmet.requests] == [sent[0].request_id]  # type: ignore[union-attr]
+
+
+async def test_a_request_another_replica_took_is_no_unmet_demand():
+    handle = StandInHandle(responses=[StandInResponse([Refused(OverTimeTarget("late", retry_after_s=2), "r0")]),
+                                      StandInResponse(ITEMS)])
+    backend = autoscaled(fleet_of(HandleBackend(handle), "r0", "r1"))
+    assert [item async for item in backend.generate(make_request("hello"))] == ITEMS
+    assert backend.unmet.requests == []  # type: ignore[union-attr]  # r1 counts it as served
 
 
 async def test_a_replica_that_dies_before_answering_is_retried():

@@ -14,7 +14,7 @@ import time
 from ray.experimental import internal_kv
 from ray.serve.handle import DeploymentHandle
 
-from app.errors import NeverInTime, OverTimeTarget
+from app.errors import OverTimeTarget
 from app.scaling.decision import KV_NAMESPACE, ScalingDecision, kv_key
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,9 @@ class ScalingView:
             await asyncio.wait_for(asyncio.shield(self._refresh()), timeout=5.0)
         return self._latest
 
-    def refusal(self, refused: BaseException) -> BaseException:
-        """`refused`, a refusal by time (the ingress's or a replica's), with a Retry-After of when the replica being
-        started is expected to serve, while one starts; any other error (one waiting cannot help) as it is."""
-        if not isinstance(refused, OverTimeTarget) or isinstance(refused, NeverInTime):
-            return refused
+    def refusal(self, refused: OverTimeTarget) -> OverTimeTarget:
+        """`refused` (the ingress's or a replica's), with a Retry-After of when the replica being started is expected
+        to serve, while one starts."""
         if time.monotonic() - self._read_at >= REFRESH_S:
             self._refresh()
         now = time.time()

@@ -196,7 +196,7 @@ class EngineHost:
         visit.mark("rendered_ms")
         spent = time.monotonic() - arrived
         targets = Targets(None if first_s is None else first_s - spent, None if finish_s is None else finish_s - spent,
-                          counts_demand=not getattr(request, "demand_at_sender", False))  # embeddings: counted here
+                          counts_demand=not (isinstance(request, GenerateRequest) and request.demand_at_sender))
         try:
             await visit.ticket.admit(prompt_tokens + output_tokens, deadline - asyncio.get_running_loop().time(),
                                      targets, prompt_tokens=prompt_tokens, max_steps=max_steps)

@@ -129,10 +129,21 @@ def test_the_policy_scales_down_in_one_step_only_with_room_to_spare_and_never_fl
     # One replica refusing (a step's backlog) beside one with room is not a fleet short of capacity.
     assert desired_replicas(2, [_replica(70, refused=1), _replica(70)], KNOBS) == 2
     assert desired_replicas(2, [_replica(5, refused=1), _replica(5)], KNOBS) == 1  # quiet: a too-long request
-    # Between the thresholds (68 .. 80 of one replica's planned 80) neither direction moves: no flapping.
-    for demand in (69, 75, 79):
+    # Between the thresholds (68 .. 88 of one replica's planned 80, up past it by the 10 % tolerance while arrivals
+    # are in time) neither direction moves: no flapping.
+    for demand in (69, 75, 79, 85):
         assert desired_replicas(1, [_replica(demand)], KNOBS) == 1
         assert desired_replicas(2, [_replica(demand / 2), _replica(demand / 2)], KNOBS) == 2
+
+
+def test_without_lateness_a_scale_up_waits_for_the_demand_to_pass_the_planned_share_by_the_tolerance():
+    # In time, 85 of a planned 80 is a 10 s window's noise (the simulation's step at 8-16 replicas overshot by 1-3).
+    assert desired_replicas(1, [_replica(85)], KNOBS) == 1
+    assert desired_replicas(1, [_replica(90)], KNOBS) == 2  # past 88: up, to the planned share (90 / 80)
+    assert desired_replicas(10, [_replica(85)] * 10, replace(KNOBS, max_replicas=16)) == 10
+    assert desired_replicas(10, [_replica(95)] * 10, replace(KNOBS, max_replicas=16)) == 12  # 950 / 80
+    # Late (here: the soonest first token past the target): no tolerance.
+    assert desired_replicas(1, [_replica(85, wait_s=12.0)], KNOBS) == 2
 
 
 def test_up_follows_the_recent_figures_and_down_waits_for_both_windows():

@@ -261,6 +261,7 @@ def test_sampling_params_of_the_defaults_are_vllms_defaults():
      "repetition_penalty"),
     (VLLMValidationError("token_id(s) [49157] in logprob_token_ids contain out-of-vocab token ids. Vocabulary size: "
                          "49152", parameter="logprob_token_ids"), InvalidRequest, "logprob_token_ids"),
+    (VLLMValidationError("Token id 10000000 is out of vocabulary"), InvalidRequest, "prompt"),  # completions' ids
     (VLLMValidationError("grammar is not valid", parameter="structured_outputs"), EngineRejected, None),
     (ValueError("something else entirely"), EngineRejected, None),
 ])

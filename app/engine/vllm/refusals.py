@@ -41,6 +41,8 @@ def refusal(err: Exception, params: GenerationParams | None = None) -> Exception
     if param not in NAMED_PARAMETERS:
         first = message.split(" ", 1)[0]
         param = first if first in NAMED_PARAMETERS else None
+    if param is None and "out of vocabulary" in message:  # the prompt's ids, checked as the request is added
+        return InvalidRequest(message, param="prompt")
     if param is None:
         return rejected(message, params)
     return InvalidRequest(message, param=param)

@@ -94,13 +94,20 @@ class AppConfig(StrictModel):
 
 
 def _describe(err: ValidationError) -> str:
+    errors = err.errors()
     lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    for e in errors:
+        loc = e["loc"]
+        # pydantic also counts a list's items that failed as missing ("at least 1 item ... not 0"): only the
+        # failing item's own error says anything.
+        if e["type"] == "too_short" and any(len(o["loc"]) > len(loc) and o["loc"][:len(loc)] == loc for o in errors):
+            continue
+        where = ".".join(str(p) for p in loc)
+        message = str(e["ctx"]["error"]) if e["type"] == "value_error" and "error" in e.get("ctx", {}) else e["msg"]
         if e["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key; remove it or check its spelling (see docs/configuration.md)")
-        else:
-            lines.append(f"  {where}: {e['msg']}")
+        else:  # a check of the whole file names its keys' paths in its message
+            lines.append(f"  {where}: {message}" if where else f"  {message}")
     return "\n".join(lines)
 
 

@@ -86,6 +86,15 @@ def test_impossible_values_rejected(overrides, where):
     assert where in str(info.value)
 
 
+def test_an_error_is_said_once_at_its_key_s_path_without_pydantic_s_wording():
+    data = config_dict(deployment={"num_replicas": 2, "autoscaling": {"min_replicas": 1, "max_replicas": 2}})
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    lines = str(info.value).splitlines()[1:]
+    assert lines == ["  models.0.deployment: set either num_replicas or autoscaling (its min_replicas and "
+                     "max_replicas), not both"]  # not also "models: ... at least 1 item", nor "Value error,"
+
+
 def test_duplicate_model_ids_rejected():
     data = config_dict()
     data["models"].append(dict(data["models"][0]))

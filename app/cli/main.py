@@ -68,7 +68,9 @@ def _port_free(config: AppConfig) -> bool:
 
 
 def _preflight(config: AppConfig) -> bool:
-    """What can be checked before Ray starts, said once: each model's folder exists and holds a model."""
+    """What can be checked before Ray starts, said once: each model's folder exists and holds a model, and its CPU
+    KV cache holds one request of `max_model_len`."""
+    from app.engine.kv_sizing import kv_cache_short
     from app.engine.model_store import resolve_source
 
     for model in config.models:
@@ -78,6 +80,9 @@ def _preflight(config: AppConfig) -> bool:
             resolve_source(model.source)
         except FileNotFoundError as err:
             say(f"model '{model.id}': {err}")
+            return False
+        if short := kv_cache_short(model):
+            say(f"model '{model.id}': {short}")
             return False
     return True
 
@@ -267,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(prepare_default_model(force=args.force))
             return 0
+        from app.engine.kv_sizing import kv_cache_short
+
         config: AppConfig = load_config(args.config)
+        if shorts := [f"  models.{i}: {short}" for i, m in enumerate(config.models)
+                      if (short := kv_cache_short(m))]:
+            raise ConfigError(f"{args.config} is invalid on this machine:\n" + "\n".join(shorts))
         print(f"{args.config}: valid ({len(config.models)} model(s): {', '.join(m.id for m in config.models)})")
         for model in config.models:
             print(f"  {model.id}: {engine_setup_here(model)}")

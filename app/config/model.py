@@ -37,7 +37,8 @@ class EngineConfig(StrictModel):
     )
     kv_cache_gib: float | None = Field(
         2, gt=0, description="CPU only: KV cache size in GiB, fractions allowed (vLLM's kv_cache_memory_bytes; "
-        "0.25 holds about 11k tokens of SmolLM2-135M), for small machines and tests; null: vLLM sizes it.",
+        "0.25 holds about 11k tokens of SmolLM2-135M), for small machines and tests; at least one request of "
+        "max_model_len (check-config says); null: vLLM sizes it.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="GPU only: fraction of GPU memory vLLM may use, KV cache included."

@@ -14,6 +14,7 @@ from app.engine.cpu.precision import Dtype
 from app.engine.interface import (
     GenerationParams,
 )
+from app.engine.kv_sizing import kv_cache_shortfall
 from app.engine.model_store import resolve_source
 from app.engine.vllm.generator_resume import DRAWS_KEY
 
@@ -24,11 +25,14 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
     # An embedding model: vLLM's pooling runner, converting a causal LM into an embedding model (its pooler: the
     # last token's hidden state, L2-normalized), as `vllm serve --runner pooling --convert embed`.
     runner: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
+    folder = resolve_source(model.source)
     if e.kv_cache_gib and not model.on_gpu:  # in bytes: VLLM_CPU_KVCACHE_SPACE takes whole GiB only
         runner["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
+        if short := kv_cache_shortfall(folder, dtype, e.kv_cache_gib, e.max_model_len):  # before vLLM loads anything
+            raise ValueError(f"model '{model.id}': {short}")
     return AsyncEngineArgs(
         **runner,
-        model=resolve_source(model.source),
+        model=folder,
         served_model_name=model.id,
         max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs,

@@ -3,8 +3,8 @@
 vLLM refuses such a cache only once its EngineCore has loaded the weights, and on the CPU it says "No available memory
 for the cache blocks. Try increasing `gpu_memory_utilization`": the wrong knob, in a replica's log, after Serve has
 retried the replica. The size is plain arithmetic on the model's config.json (a key and a value per layer, KV head and
-head dimension, in blocks of the CPU backend's 128 tokens, one of which vLLM keeps back); models whose cache is not that shape (latent attention,
-hybrid layers) are left to vLLM.
+head dimension, in blocks of the CPU backend's 128 tokens, one of which vLLM keeps back); models whose cache is not
+that shape (latent attention, hybrid layers) are left to vLLM.
 """
 
 from __future__ import annotations

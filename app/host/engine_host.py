@@ -260,9 +260,9 @@ class EngineHost:
             self.supervisor.look_for_stall()
         return ReplicaLoad.of_replica(self.supervisor, self.admission).as_stats()
 
-    def has_room(self) -> bool:
-        """A request arriving now would be let in: the engine serving, a place free and the first token in time."""
-        return ReplicaLoad.of_replica(self.supervisor, self.admission).would_take(self.model.deployment.ttft_target_s)
+    def loads(self) -> list[ReplicaLoad]:
+        """This replica's load as it stands: the host is its own backend's one replica."""
+        return [ReplicaLoad.of_replica(self.supervisor, self.admission)]
 
     def autoscaling_stats(self) -> dict[str, float]:
         """What this replica tells Serve's autoscaling policy (scaling/serve_policy.py)."""

@@ -63,7 +63,8 @@ class Capacity:
     whose request then takes the place of a more served tenant's at the replica (app/host/fair_queue.py); so one
     tenant filling the service cannot lock the others out here."""
 
-    def __init__(self, config: AppConfig):
+    def __init__(self, config: AppConfig, retry_after: Callable[[str], float] = lambda model_id: 1.0):
+        self.retry_after = retry_after  # when a place frees on a model's replicas, as they predict it
         self.limit = {
             m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
             for m in config.models
@@ -82,9 +83,8 @@ class Capacity:
     def refusal_if_all_full(self, tenant: Tenant) -> ServiceError | None:
         """Every model at capacity for `tenant`: any generation request of its would be refused, whatever its body."""
         if all(self._full_for(m, tenant) for m in self.limit):
-            return self._refusal(
-                "Server is at capacity; retry after the Retry-After delay, with backoff", retry_after_s=1
-            )
+            return self._refusal("Server is at capacity; retry after the Retry-After delay, with backoff",
+                                 retry_after_s=min(self.retry_after(m) for m in self.limit))
         return None
 
     async def track(self, model_id: str, stream: AsyncGenerator[Any, None], tenant: Tenant,
@@ -99,9 +99,7 @@ class Capacity:
             await stream.aclose()
             raise self._refusal(
                 f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
-                "retry after the Retry-After delay, with backoff",
-                retry_after_s=1,
-            )
+                "retry after the Retry-After delay, with backoff", retry_after_s=self.retry_after(model_id))
         self.inflight[model_id] += 1
         self.held[model_id][tenant.name] += 1
         try:

@@ -54,7 +54,7 @@ def create_app(
         config=config,
         backends=backends,
         metrics=Metrics(),
-        capacity=Capacity(config),
+        capacity=Capacity(config, retry_after=lambda model_id: state.retry_after_s(model_id)),
         lifecycle=Lifecycle(),
         behind_serve_proxy=behind_serve_proxy,
     )

@@ -7,7 +7,7 @@ handle. Routes find this state on `request.app.state.ingress`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +24,16 @@ if TYPE_CHECKING:
     from app.host.stats import ReplicaStats
 
 
+class ReplicaRoom(Protocol):
+    """What a backend tells of one replica's room (host/replica_load.ReplicaLoad has it)."""
+
+    @property
+    def serving(self) -> bool: ...
+    @property
+    def free_in_s(self) -> float | None: ...  # when a place in its queue is expected to free
+    def would_take(self, first_token_s: float | None) -> bool: ...
+
+
 class Backend(Protocol):
     def generate(self, request: GenerateRequest, client: ClientReading | None = None) -> AsyncGenerator[Any, None]: ...
     async def embed(self, request: EmbedRequest) -> Embeddings: ...
@@ -32,7 +42,7 @@ class Backend(Protocol):
     async def check_health(self) -> None: ...
     async def check_ready(self) -> None: ...
     async def replica_stats(self) -> dict[str, ReplicaStats | None]: ...  # None: did not answer in time
-    def has_room(self) -> bool: ...  # a request arriving now would be let in, as far as this process can tell
+    def loads(self) -> Sequence[ReplicaRoom]: ...  # each replica's load as this process last learned it
 
 
 @dataclass
@@ -52,7 +62,14 @@ class IngressState:
 
     def has_room(self) -> bool:
         """Some model's replicas would take a request now (a hint: a held retry comes in early; http/retry_pacing)."""
-        return any(backend.has_room() for backend in self.backends.values())
+        return any(load.would_take(self.models[model_id].deployment.ttft_target_s)
+                   for model_id, backend in self.backends.items() for load in backend.loads())
+
+    def retry_after_s(self, model_id: str) -> float:
+        """When a place is expected to free on `model_id`'s replicas: the soonest any predicts (1 s where none can)."""
+        known = [load.free_in_s for load in self.backends[model_id].loads()
+                 if load.serving and load.free_in_s is not None]
+        return min(known, default=1.0)
 
     def backend_for(self, model_id: str) -> tuple[ModelConfig, Backend]:
         model = self.models.get(model_id)

@@ -164,9 +164,8 @@ class HandleBackend:
             raise unmet_refusal(decision.refusal, request, self.unmet, self.scaling)
         return decision
 
-    def has_room(self) -> bool:  # some replica, as it last reported, would let a request in now (none yet: no)
-        target = self.routing.model.deployment.ttft_target_s if self.routing is not None else None
-        return any(load.would_take(target) for load in self._loads().values())
+    def loads(self) -> list[ReplicaLoad]:  # each replica's load as it last reported it here (none yet: none)
+        return list(self._loads().values())
 
     def _loads(self) -> dict[str, ReplicaLoad]:
         """What each replica last reported to this process's Serve router (request_router.py)."""

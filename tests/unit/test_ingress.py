@@ -11,8 +11,22 @@ import pytest
 from app.api_keys import API_KEYS_ENV
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
+from app.host.replica_load import ReplicaLoad
+from app.http.gate import Capacity
+from app.http.ingress_state import IngressState
+from app.http.lifecycle import Lifecycle
+from app.http.metrics import Metrics
 from tests.support import sse
-from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, make_config, usage_of
+from tests.support.fake_stack import (
+    MAX_MODEL_LEN,
+    MAX_TOKENS,
+    MODEL_ID,
+    chat_body,
+    listening,
+    make_config,
+    usage_of,
+)
+from tests.support.waiting import until
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -492,6 +506,47 @@ async def test_queue_full_429_with_retry_after(make_stack):
         else:
             assert resp.json()["choices"][0]["message"]["content"] == ANSWER
     assert stack.host.admission.stats().in_system == 0
+
+
+async def test_a_full_model_s_refusal_at_the_front_door_says_when_a_place_frees(make_stack):
+    """The front door refuses a full model before reading the body; its Retry-After is the replica's own prediction of
+    when a place frees (here the running stream's end, seconds away), not a flat second that a client (the SDKs
+    retry a queue_full by themselves) would spend on another 429."""
+    config = make_config(deployment={"max_ongoing_requests": 1, "max_queued_requests": 0})
+    stack = make_stack(config, FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.05))
+    for i in range(5):  # the replica learns its pace (and that requests run to max_tokens) from its first ones
+        warm = chat_body(f"warm {i}", max_tokens=8, ignore_eos=True)
+        assert (await stack.client.post("/v1/chat/completions", json=warm)).status_code == 200
+    long = chat_body("long", stream=True, max_tokens=MAX_TOKENS, ignore_eos=True)  # 6.4 s of tokens at 50 ms
+    async with listening(stack) as base_url, httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=long) as running:
+            assert running.status_code == 200
+            lines = running.aiter_lines()
+            while not (await anext(lines)).startswith("data: {"):
+                pass
+            refused = await client.post("/v1/chat/completions", json=chat_body("refused"))
+    assert error_of(refused, 429)["code"] == "queue_full"
+    assert int(refused.headers["retry-after"]) >= 3, refused.headers  # the long stream had ~6 s to run
+    await until(lambda: stack.host.admission.stats().in_system == 0, what="the long stream's place given back")
+
+
+def test_the_front_door_s_retry_after_is_the_soonest_place_a_serving_replica_predicts():
+    class Fleet:  # a backend as the ingress sees its replicas (rayserve/handle_backend.py: their last reports)
+        def __init__(self, *loads: ReplicaLoad):
+            self._loads = list(loads)
+
+        def loads(self) -> list[ReplicaLoad]:
+            return self._loads
+
+    config = make_config()
+    fleet = Fleet(ReplicaLoad(room=0, free_in_s=12.0), ReplicaLoad(room=0, free_in_s=4.0),
+                  ReplicaLoad(serving=False, room=0, free_in_s=0.5))  # a stopping replica frees nothing
+    state = IngressState(config, {MODEL_ID: fleet}, Metrics(), Capacity(config), Lifecycle(), False)
+    assert state.retry_after_s(MODEL_ID) == 4.0 and not state.has_room()
+    fleet._loads.append(ReplicaLoad(room=3, wait_s=0.2))
+    assert state.has_room()
+    fleet._loads[:] = []  # none reported yet: a second, and no room known
+    assert state.retry_after_s(MODEL_ID) == 1.0 and not state.has_room()
 
 
 async def test_queue_full_503_when_configured(make_stack):

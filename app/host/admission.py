@@ -52,14 +52,15 @@ class Admission:
         self._closed_reason: str | None = None
         self.demand = DemandMeter()  # for the autoscaling policy (host/replica_load.scaling_figures)
 
-    def retry_after_s(self) -> float:
-        """When a place frees up. With the engine's pace measured, the same predictor that sets `over_time_target`'s
-        Retry-After: the predicted moment the first queued request starts (the earliest end among those running),
-        which frees a place in the queue. Before that, the mean time in the engine times the queue's rounds."""
-        first_free = self._newcomer(behind_queue=False)
+    def retry_after_s(self, arriving: int = 0) -> float:
+        """When a place frees up: the predicted start of the first queued request (the soonest end of those running);
+        unmeasured, or while a burst still tokenizing (or `arriving`) takes the free slots unseen, mean run x rounds."""
+        free, unseen = self.max_running - len(self._slots), self._in_system - len(self._slots) - len(self._waiting)
+        unseen += arriving
+        first_free = None if 0 < free <= unseen else self._newcomer(behind_queue=False)
         if first_free is not None:
             return min(60.0, max(1.0, first_free.start_s))
-        rounds = (len(self._waiting) + 1) / self.max_running
+        rounds = max((len(self._waiting) + 1) / self.max_running, float(0 < free <= unseen))
         return min(60.0, max(1.0, self._mean_run_s * rounds))
 
     def predicted_wait_s(self) -> float | None:
@@ -226,8 +227,7 @@ class Admission:
         if not self._waiting and self._fits(ticket):
             self._start(ticket)
             return
-        ticket.state = WAITING
-        ticket.targets, ticket.queued_at = targets, time.monotonic()
+        ticket.state, ticket.targets, ticket.queued_at = WAITING, targets, time.monotonic()
         self._waiting.append(ticket)
         self._peak_waiting = max(self._peak_waiting, len(self._waiting))
         self._refuse_overtaken(ticket)

@@ -29,14 +29,17 @@ class ReplicaLoad:
     per_request_s: float | None = None
     block_tokens: int = 0  # the prefix cache's block size (0: unknown)
     cache_blocks: int = 0  # how many blocks the KV cache holds
-    free_in_s: float | None = None  # when a place in its queue is expected to free (the Retry-After of a full one)
+    # When a place is expected to free once its slots are full (what a full front door, whose requests have not all
+    # reached the replica yet, says as Retry-After).
+    free_in_s: float | None = None
 
     @classmethod
     def of_replica(cls, sup: EngineSupervisor, a: Admission) -> ReplicaLoad:
         pace, block, in_system = a.pace, sup.engine.cache_block_tokens if sup.ready else 0, a.stats().in_system
         return cls(sup.serving, a.max_running + a.max_queued - in_system, in_system, a.predicted_wait_s(),
                    pace.prefill_s_per_token() if pace else None, pace.per_request_s() if pace else None,
-                   block, sup.engine.kv_cache_tokens // block if block else 0, a.retry_after_s())
+                   block, sup.engine.kv_cache_tokens // block if block else 0,
+                   a.retry_after_s(arriving=a.max_running))
 
     def would_take(self, first_token_s: float | None) -> bool:
         """A request arriving now would be let in, as far as these figures tell: serving, a place free, and a

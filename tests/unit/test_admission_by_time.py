@@ -44,6 +44,26 @@ async def test_a_request_predicted_past_its_target_is_refused_at_arrival_with_th
     assert admission.stats().in_system == 1  # the refused one holds nothing
 
 
+async def test_a_full_replica_counts_a_burst_still_tokenizing_in_its_retry_after():
+    """A burst's places are reserved before its prompts are tokenized; once admitted they fill the free slots, but the
+    predictor cannot see them yet, so a refusal meanwhile said 1 s (150 clients at once: 32 then ran 18 s more). It
+    now says the mean time a request spends in the engine."""
+    admission = Admission(max_running=2, max_queued=1, token_budget=10_000, queue_timeout_s=30, pace=_paced())
+    admission._mean_run_s = 12.0  # as after requests of 12 s
+    assert admission.retry_after_s() == 1.0  # empty: a place is free now
+    assert admission.retry_after_s(arriving=2) == 12.0  # as a full front door says, its requests not here yet
+    running = admission.reserve()
+    await running.admit(20, 30, prompt_tokens=10, max_steps=10)
+    burst = [admission.reserve(), admission.reserve()]  # still tokenizing: one free slot, two about to want it
+    with pytest.raises(QueueFull) as refused:
+        admission.reserve()
+    assert refused.value.retry_after_s == 12.0
+    await burst[0].admit(20, 30, prompt_tokens=10, max_steps=10)  # both slots taken, seen by the predictor again
+    assert admission.retry_after_s() < 12.0
+    for ticket in (running, *burst):
+        ticket.release()
+
+
 async def test_retry_after_for_a_late_request_is_capped_at_a_minute():
     """Issue 27: cold-start predictions of 273 s were sent as Retry-After: 273."""
     admission = Admission(max_running=1, max_queued=4, token_budget=10_000, queue_timeout_s=600,

@@ -30,7 +30,7 @@ class ReplicaRoom(Protocol):
     @property
     def serving(self) -> bool: ...
     @property
-    def free_in_s(self) -> float | None: ...  # when a place in its queue is expected to free
+    def free_in_s(self) -> float | None: ...  # when a place is expected to free once its slots are full
     def would_take(self, first_token_s: float | None) -> bool: ...
 
 

@@ -87,7 +87,10 @@ async def test_the_overload_drivers_client_and_process_tree_read_the_real_servic
             assert time.monotonic() < deadline, "the service never held the full capacity"
             await asyncio.sleep(0.2)
         refused = await one_request(client, MODEL, prompts, Ask(0, 60, 8, False, False, 0, 0), hung_after_s=60)
-        streamed = await one_request(client, MODEL, prompts, Ask(1, 60, 8, True, False, 0, 0), hung_after_s=60)
+        # On a connection of its own: one that was just refused holds its next request to the refusal's Retry-After
+        # (app/http/retry_pacing.py), by when the holders' streams may have ended and made room.
+        async with httpx.AsyncClient(base_url=service.base_url, headers=service.headers, timeout=120) as other:
+            streamed = await one_request(other, MODEL, prompts, Ask(1, 60, 8, True, False, 0, 0), hung_after_s=60)
         release.set()
         await asyncio.gather(*holders)
         idle = await wait_idle(client, MODEL, timeout_s=30)

@@ -56,11 +56,11 @@ class Admission:
         """When a place frees up: the predicted start of the first queued request (the soonest end of those running);
         unmeasured, or while a burst still tokenizing (or `arriving`) takes the free slots unseen, mean run x rounds."""
         free, unseen = self.max_running - len(self._slots), self._in_system - len(self._slots) - len(self._waiting)
-        unseen += arriving
-        first_free = None if 0 < free <= unseen else self._newcomer(behind_queue=False)
+        burst = 0 < free <= unseen + arriving  # they will take the free slots: the predictor would see them free
+        first_free = None if burst else self._newcomer(behind_queue=False)
         if first_free is not None:
             return min(60.0, max(1.0, first_free.start_s))
-        rounds = max((len(self._waiting) + 1) / self.max_running, float(0 < free <= unseen))
+        rounds = max((len(self._waiting) + 1) / self.max_running, 1.0 if burst else 0.0)
         return min(60.0, max(1.0, self._mean_run_s * rounds))
 
     def predicted_wait_s(self) -> float | None:

@@ -72,7 +72,8 @@ served models (`models`), each with its vLLM engine, its Ray Serve deployment an
 per-request limits. It is used
 
 - by `python -m app serve --config FILE` (`make serve CONFIG=FILE`);
-- by `python -m app check-config FILE`, which validates it without starting anything;
+- by `python -m app check-config FILE`, which validates it without starting anything (either command takes the
+  file as `FILE` or `--config FILE`);
 - from a Ray Serve config file or a KubeRay RayService, where
   `import_path: app.rayserve.builder:build_app` takes `args: {{config_path: FILE}}` or the same
   keys inline as `args: {{config: {{...}}}}` (see `configs/serve-cpu.yaml`,

@@ -233,15 +233,21 @@ def cluster_command(action: str, workers: int, cpus_per_worker: int, node: str |
     return 0
 
 
+def _config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The config file, as `serve FILE` or `serve --config FILE` alike (each command once took only one of them, and
+    the other form was the first thing a newcomer typed)."""
+    parser.add_argument("config_file", type=Path, nargs="?", metavar="CONFIG",
+                        help=f"YAML config (default: {DEFAULT_CONFIG.name})")
+    parser.add_argument("--config", type=Path, default=None, help="the same, by name")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m app", description="OpenAI-compatible LLM service: vLLM engines in Ray Serve replicas."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve", help="start the service in the foreground (Ctrl-C drains and stops it)")
-    p_serve.add_argument(
-        "--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default: {DEFAULT_CONFIG.name})"
-    )
+    _config_arguments(p_serve)
     p_serve.add_argument(
         "--startup-timeout", type=float, default=600.0, help="seconds to wait for the service to become healthy"
     )
@@ -253,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p_prep = sub.add_parser("prepare-model", help="download and convert the default model (offline-capable, cached)")
     p_prep.add_argument("--force", action="store_true", help="prepare again even if cached")
     p_check = sub.add_parser("check-config", help="validate a config file without starting anything")
-    p_check.add_argument("config", type=Path)
+    _config_arguments(p_check)
     p_cluster = sub.add_parser("cluster", help="a multi-node Ray cluster on this machine (Ray's own `ray start`)")
     p_cluster.add_argument("action", choices=("up", "down", "lose-node", "add-worker"),
                            help="lose-node NODE: SIGKILL every process of one node (a lost pod); add-worker: one more")
@@ -261,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     p_cluster.add_argument("--workers", type=int, default=2, help="worker nodes (up; default 2)")
     p_cluster.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs per worker node (up, add-worker)")
     args = parser.parse_args(argv)
+    if getattr(args, "config_file", None) is not None:
+        if args.config is not None and args.config != args.config_file:
+            parser.error(f"two configs given ({args.config_file} and --config {args.config}): give one")
+        args.config = args.config_file
+    args.config = getattr(args, "config", None) or DEFAULT_CONFIG
 
     try:
         if args.command == "serve":

@@ -27,17 +27,12 @@ class AppConfig(StrictModel):
 
     @model_validator(mode="after")
     def _unique_ids(self) -> AppConfig:
-        ids = [m.id for m in self.models]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
-        if dupes:
-            raise ValueError(f"model ids must be unique; repeated: {', '.join(dupes)}")
+        _first_repeat("models", "id", [m.id for m in self.models], "model ids must be unique")
         return self
 
     @model_validator(mode="after")
     def _each_key_one_tenant(self) -> AppConfig:
-        names = [t.name for t in self.tenants]
-        if dupes := sorted({n for n in names if names.count(n) > 1}):
-            raise ValueError(f"tenant names must be unique; repeated: {', '.join(dupes)}")
+        _first_repeat("tenants", "name", [t.name for t in self.tenants], "tenant names must be unique")
         owner: dict[str, str] = {}
         places = [(f"service.api_keys.{i}", k) for i, k in enumerate(self.service.api_keys)]
         places += [(f"tenants.{t}.api_keys.{i}", k) for t, tenant in enumerate(self.tenants)
@@ -93,6 +88,16 @@ class AppConfig(StrictModel):
         return self.model_copy(update={"models": tuple(models)}), notes
 
 
+def _first_repeat(where: str, field: str, values: list[str], rule: str) -> None:
+    """Refuse a list's first repeated value at its path, naming the first place it was given."""
+    first: dict[str, int] = {}
+    for i, value in enumerate(values):
+        if value in first:
+            raise ValueError(f"{where}.{i}.{field}: {value!r} is already given at {where}.{first[value]}.{field}; "
+                             f"{rule}")
+        first[value] = i
+
+
 def _describe(err: ValidationError) -> str:
     errors = err.errors()
     lines = []
@@ -104,6 +109,9 @@ def _describe(err: ValidationError) -> str:
             continue
         where = ".".join(str(p) for p in loc)
         message = str(e["ctx"]["error"]) if e["type"] == "value_error" and "error" in e.get("ctx", {}) else e["msg"]
+        if e["type"] == "too_short":  # pydantic's "Tuple should have at least 1 item after validation, not 0"
+            least = e.get("ctx", {}).get("min_length", 1)
+            message = f"give at least {least} item{'s' if least != 1 else ''} here"
         if e["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key; remove it or check its spelling (see docs/configuration.md)")
         else:  # a check of the whole file names its keys' paths in its message

@@ -110,3 +110,18 @@ def test_check_config_refuses_a_kv_cache_that_cannot_hold_one_request(tmp_path, 
     path.write_text(yaml.safe_dump(config))
     assert cli.main(["check-config", str(path)]) == 2
     assert "models.0: engine.kv_cache_gib 0.001 holds 0 tokens" in capsys.readouterr().err
+
+
+def test_either_command_takes_its_config_by_position_or_by_name(capsys, monkeypatch):
+    path = REPO / "configs" / "cpu.yaml"
+    assert cli.main(["check-config", "--config", str(path)]) == 0
+    assert cli.main(["check-config"]) == 0  # the default config
+    assert f"{cli.DEFAULT_CONFIG}: valid" in capsys.readouterr().out
+    served: list[Path] = []
+    monkeypatch.setattr(cli, "serve_command", lambda config, *_, **__: served.append(config) or 0)
+    assert cli.main(["serve", str(path)]) == 0 and cli.main(["serve", "--config", str(path)]) == 0
+    assert cli.main(["serve"]) == 0
+    assert served == [path, path, cli.DEFAULT_CONFIG]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", str(path), "--config", "other.yaml"])
+    assert exit_.value.code == 2 and "give one" in capsys.readouterr().err

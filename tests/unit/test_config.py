@@ -98,7 +98,7 @@ def test_an_error_is_said_once_at_its_key_s_path_without_pydantic_s_wording():
 def test_duplicate_model_ids_rejected():
     data = config_dict()
     data["models"].append(dict(data["models"][0]))
-    with pytest.raises(ConfigError, match="repeated: fake-model"):
+    with pytest.raises(ConfigError, match="models.1.id: 'fake-model' is already given at models.0.id"):
         parse_config(data)
 
 

@@ -1,11 +1,9 @@
-"""The front door's pure-ASGI middleware (`Gate`) and the capacity count it consults.
+"""The front door's pure-ASGI middleware (`Gate`).
 
 `Gate` runs before any route, for every request: request id, API key, header and body size, drain
-and capacity refusals, retries held to their Retry-After (retry_pacing.py), one access-log line and one
-metric sample per request. `Capacity` counts generation requests in flight per model against
-what the model's replicas can hold, so a full service refuses before reading a body. Pure ASGI
-(not BaseHTTPMiddleware) so streams and client disconnects pass through untouched and the token
-path pays for no extra task.
+and capacity refusals (capacity.py), retries held to their Retry-After (retry_pacing.py), one access-log line and one
+metric sample per request. Pure ASGI (not BaseHTTPMiddleware) so streams and client disconnects pass through
+untouched and the token path pays for no extra task.
 """
 
 from __future__ import annotations
@@ -14,14 +12,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.config.app_config import AppConfig
-from app.engine.interface import Admitted, Embeddings, GenerationDelta
 from app.errors import (
     HeadersTooLarge,
     PayloadTooLarge,
@@ -30,13 +24,12 @@ from app.errors import (
     ServiceUnavailable,
     TenantRateLimited,
     Unauthorized,
-    queue_full_class,
 )
+from app.http.capacity import Capacity
 from app.http.lifecycle import Lifecycle
 from app.http.loop_lag import LoopLagProbe
 from app.http.metrics import Metrics
 from app.http.retry_pacing import RetryPacing
-from app.http.tenant_limits import Reservation, TenantLimits
 from app.http.wire_json import error_response
 from app.tenancy import Tenant, Tenants
 
@@ -51,70 +44,6 @@ CAPACITY_ENDPOINTS = frozenset(
 DEADLINE_MARGIN_S = 2.0
 QUIET_ENDPOINTS = frozenset({"/health", "/livez", "/metrics"})  # probes and scrapes would drown the access log
 access_log = logging.getLogger("app.access")
-
-
-class Capacity:
-    """What this ingress has in flight per model, against what the model's replicas can hold at most
-    (replicas x (max_ongoing + max_queued)). Past that, the replicas would refuse anyway: refusing
-    here costs no Ray call, so a refusal stays cheap when it matters most, under overload. The
-    replicas' own admission remains the authority (with several ingress replicas this is per ingress).
-
-    Per tenant (app/tenancy.py): a full model still lets through a tenant holding less than an even share of it,
-    whose request then takes the place of a more served tenant's at the replica (app/host/fair_queue.py); so one
-    tenant filling the service cannot lock the others out here."""
-
-    def __init__(self, config: AppConfig, retry_after: Callable[[str], float] = lambda model_id: 1.0):
-        self.retry_after = retry_after  # when a place frees on a model's replicas, as they predict it
-        self.limit = {
-            m.id: m.deployment.num_replicas * (m.deployment.max_ongoing_requests + m.deployment.max_queued_requests)
-            for m in config.models
-        }
-        self.inflight = {m.id: 0 for m in config.models}
-        self.held: dict[str, Counter[str]] = {m.id: Counter() for m in config.models}  # per model, by tenant
-        self.limits = TenantLimits(config.tenants)
-        self._refusal = queue_full_class(config.service.refusal_status)
-
-    def _full_for(self, model_id: str, tenant: Tenant) -> bool:
-        if self.inflight[model_id] < self.limit[model_id]:
-            return False
-        held = self.held[model_id]
-        return held[tenant.name] >= self.limit[model_id] / (len(held) + (tenant.name not in held))
-
-    def refusal_if_all_full(self, tenant: Tenant) -> ServiceError | None:
-        """Every model at capacity for `tenant`: any generation request of its would be refused, whatever its body."""
-        if all(self._full_for(m, tenant) for m in self.limit):
-            return self._refusal("Server is at capacity; retry after the Retry-After delay, with backoff",
-                                 retry_after_s=min(self.retry_after(m) for m in self.limit))
-        return None
-
-    async def track(self, model_id: str, stream: AsyncGenerator[Any, None], tenant: Tenant,
-                    reservation: Reservation | None = None) -> AsyncGenerator[Any, None]:
-        """`stream`, counted from its first `anext` until it is closed, however that happens: by the
-        end of the stream, an error, the client leaving, or garbage collection of a body never sent. Its tokens
-        (prompt and generated) settle `reservation` at that end."""
-        used = 0
-        if self._full_for(model_id, tenant):
-            if reservation is not None:
-                reservation.settle(0)
-            await stream.aclose()
-            raise self._refusal(
-                f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
-                "retry after the Retry-After delay, with backoff", retry_after_s=self.retry_after(model_id))
-        self.inflight[model_id] += 1
-        self.held[model_id][tenant.name] += 1
-        try:
-            async for item in stream:
-                used += _tokens_of(item)
-                yield item
-        finally:
-            if reservation is not None:
-                reservation.settle(used)
-            self.inflight[model_id] -= 1
-            held = self.held[model_id]
-            held[tenant.name] -= 1
-            if held[tenant.name] <= 0:
-                del held[tenant.name]
-            await stream.aclose()
 
 
 def _capped(receive: Receive, max_body_bytes: int, too_large: Callable[[], PayloadTooLarge]) -> Receive:
@@ -132,16 +61,6 @@ def _capped(receive: Receive, max_body_bytes: int, too_large: Callable[[], Paylo
         return message
 
     return capped_receive
-
-
-def _tokens_of(item: object) -> int:
-    if isinstance(item, Admitted):
-        return item.prompt_tokens
-    if isinstance(item, GenerationDelta):
-        return sum(c.num_tokens for c in item.choices)
-    if isinstance(item, Embeddings):
-        return item.prompt_tokens
-    return 0
 
 
 class Gate:
@@ -203,6 +122,7 @@ class Gate:
 
         async def refuse(err: ServiceError) -> None:
             self.metrics.refusals.labels("-", err.code or err.type).inc()
+            self.capacity.accounts.refused(tenant, err.code or err.type)
             await error_response(err)(scope, receive, send_with_id)
             self._record(scope, status, started)
 

@@ -20,7 +20,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
 from app.http import model_routes, ops_routes, routes
-from app.http.gate import OPEN_PATHS, Capacity, Gate
+from app.http.capacity import Capacity
+from app.http.gate import OPEN_PATHS, Gate
 from app.http.ingress_state import Backend, IngressState
 from app.http.lifecycle import Lifecycle
 from app.http.metrics import Metrics
@@ -89,6 +90,7 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
     @api.exception_handler(ServiceError)
     async def _service_error(request: Request, err: ServiceError) -> Response:
         state.metrics.refusals.labels(getattr(request.state, "model", "-"), err.code or err.type).inc()
+        state.capacity.accounts.refused(getattr(request.state, "tenant", None), err.code or err.type)
         return error_response(err)
 
     @api.exception_handler(RequestValidationError)

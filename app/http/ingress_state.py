@@ -16,7 +16,7 @@ from app.config.model import ModelConfig
 from app.engine.client import ClientReading
 from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest, PromptInput
 from app.errors import ModelNotFound
-from app.http.gate import Capacity
+from app.http.capacity import Capacity
 from app.http.lifecycle import Lifecycle
 from app.http.metrics import Metrics
 

@@ -1,4 +1,4 @@
-"""The operations routes: /livez, /health (readiness), /stats and /metrics.
+"""The operations routes: /livez, /health (readiness), /stats, /stats/tenants and /metrics.
 
 Probes and scrapes need no API key (`http.gate.OPEN_PATHS`) and never fail because one model's replica
 is busy or dead: each backend is asked with a timeout, and a failure counts as "not ready". /stats and
@@ -92,6 +92,12 @@ async def stats(request: Request) -> dict[str, Any]:
     return out
 
 
+@router.get("/stats/tenants")
+async def tenant_stats(request: Request) -> dict[str, Any]:
+    """Per tenant, what this ingress has seen of it (http/tenant_accounts.py)."""
+    return state_of(request).capacity.accounts.as_json()
+
+
 @router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus_metrics(request: Request) -> Response:
     state = state_of(request)
@@ -101,7 +107,8 @@ async def prometheus_metrics(request: Request) -> Response:
     retried = {model_id: b.retried for model_id, b in state.backends.items() if hasattr(b, "retried")}
     migrated = {model_id: b.migrated for model_id, b in state.backends.items() if hasattr(b, "migrated")}
     scaling = ScalingCollector(await _scaling(state.backends))
-    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends), [scaling]),
+    return Response(state.metrics.render(per_model, retried, migrated, _routing(state.backends),
+                                         [scaling, state.capacity.accounts]),
                     media_type=METRICS_CONTENT_TYPE)
 
 

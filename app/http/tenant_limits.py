@@ -41,14 +41,19 @@ def _bytes(text: str) -> int:
 
 
 class Reservation:
-    """Tokens held in a tenant's window for one request; `settle` sets them to what it used."""
+    """Tokens held in a tenant's window for one request; `settle` sets them to what it used (the first settle ends
+    the hold, for `TenantLimits.reserved`)."""
 
-    __slots__ = ("_entry",)
+    __slots__ = ("_entry", "_open", "_tenant")
 
-    def __init__(self, entry: list[float]):
-        self._entry = entry
+    def __init__(self, entry: list[float], open_: dict[str, int], tenant: str):
+        self._entry, self._open, self._tenant = entry, open_, tenant
+        open_[tenant] += int(entry[1])
 
     def settle(self, used: int) -> None:
+        if self._tenant:
+            self._open[self._tenant] -= int(self._entry[1])
+            self._tenant = ""
         self._entry[1] = min(self._entry[1], used)
 
 
@@ -89,6 +94,11 @@ class TenantLimits:
         self._requests: dict[str, _Window] = {name: _Window() for name in self._config}
         self._tokens: dict[str, _Window] = {name: _Window() for name in self._config}
         self._concurrent: dict[str, int] = dict.fromkeys(self._config, 0)
+        self._open: dict[str, int] = dict.fromkeys(self._config, 0)  # tokens reserved by requests not yet settled
+
+    def reserved(self) -> dict[str, int]:
+        """Tokens held now by requests not yet ended, by tenant (those with a token budget)."""
+        return {name: self._open[name] for name, config in self._config.items() if config.tokens_per_minute}
 
     def limited(self, tenant: Tenant) -> bool:
         return tenant.name in self._config
@@ -127,12 +137,12 @@ class TenantLimits:
             if math.isinf(wait):
                 raise TenantRateLimited(
                     f"This request may cost up to {tokens} tokens (its prompt's bound plus n x max_tokens), more "
-                    f"than tenant '{tenant.name}''s tokens_per_minute ({limit}); lower max_tokens or the prompt",
+                    f"than the tokens_per_minute ({limit}) of tenant '{tenant.name}'; lower max_tokens or the prompt",
                     param="max_tokens")
             raise TenantRateLimited(
                 f"Tenant '{tenant.name}' would pass its tokens_per_minute ({limit}) with this request's up to {tokens} "
                 "tokens; retry after the Retry-After delay", retry_after_s=wait)
-        return Reservation(window.add(now, tokens))
+        return Reservation(window.add(now, tokens), self._open, tenant.name)
 
     def reserve_together(self, tenant: Tenant, prompts: Sequence[PromptInput]) -> Reservation | None:
         """One reservation for every prompt of a request admitted whole (embeddings' inputs)."""

@@ -201,7 +201,7 @@ async def test_behind_a_route_prefix_probes_stay_open_and_keys_and_capacity_stil
         auth = {"Authorization": "Bearer k"}
         capacity = app.state.ingress.capacity
         # As if this key's tenant held the one slot: a tenant holding nothing would still be let through (fair
-        # shares, app/http/gate.py's Capacity).
+        # shares, app/http/capacity.py's Capacity).
         capacity.inflight[MODEL_ID] = capacity.limit[MODEL_ID]
         capacity.held[MODEL_ID][key_tenant_name(digest_of("k").removeprefix("sha256:"))] = capacity.limit[MODEL_ID]
         r = await client.post("/llm/v1/chat/completions", content=b"not even json", headers=auth)

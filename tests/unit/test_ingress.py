@@ -12,7 +12,7 @@ from app.api_keys import API_KEYS_ENV
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
 from app.host.replica_load import ReplicaLoad
-from app.http.gate import Capacity
+from app.http.capacity import Capacity
 from app.http.ingress_state import IngressState
 from app.http.lifecycle import Lifecycle
 from app.http.metrics import Metrics

@@ -317,6 +317,12 @@ async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):
     await until(lambda: stack.host.admission.stats().in_system == 3, what="heavy holding every place")
     stats = (await c.get("/stats", headers=key("light"))).json()[MODEL_ID]
     assert stats["tenants_in_flight"] == {"heavy": 3}
+
+    async def heavy_account() -> dict | None:
+        account = (await c.get("/stats/tenants", headers=key("light"))).json()["heavy"]
+        return account if account["queued"] == 2 else None
+    account = await until(heavy_account, what="heavy's first in the engine, two waiting")
+    assert account["in_flight"] == 3  # one slot, two waiting
     refused = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("heavy"))
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "queue_full", refused.text
     light = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("light"))
@@ -329,7 +335,17 @@ async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):
     assert stack.host.admission.stats().in_system == 0
     metrics = (await c.get("/metrics")).text
     assert 'app_tenant_requests_total{status="429",tenant="heavy"} 2.0' in metrics
-    assert 'app_tenant_requests_total{status="200",tenant="light"} 2.0' in metrics  # /stats and its chat
+    assert 'app_tenant_requests_total{status="200",tenant="light"}' in metrics  # its chat and the polls above
+    accounts = (await c.get("/stats/tenants", headers=key("light"))).json()
+    usage = light.json()["usage"]
+    assert accounts["light"] == {"in_flight": 0, "queued": 0, "prompt_tokens": usage["prompt_tokens"],
+                                 "generated_tokens": usage["completion_tokens"], "reserved_tokens": 0, "refused": {}}
+    assert accounts["heavy"]["refused"] == {"queue_full": 1, "tenant_over_share": 1}
+    assert accounts["heavy"]["generated_tokens"] == 16 and accounts["heavy"]["in_flight"] == 0
+    metrics = (await c.get("/metrics")).text
+    assert f'app_tenant_tokens_total{{kind="generated",tenant="light"}} {usage["completion_tokens"]}.0' in metrics
+    assert 'app_tenant_refusals_total{reason="tenant_over_share",tenant="heavy"} 1.0' in metrics
+    assert 'app_tenant_requests_queued{tenant="heavy"} 0.0' in metrics
 
 
 # -- limits at the front door (app/http/tenant_limits.py) ------------------------------------------------------
@@ -379,8 +395,10 @@ def test_tokens_are_reserved_for_the_most_and_settled_to_the_use():
     with pytest.raises(TenantRateLimited) as err:
         lim.reserve_tokens(A, 60)  # 120 would pass 100, even though the first has used nothing yet
     assert err.value.retry_after_s == pytest.approx(60)
-    assert first is not None
+    assert first is not None and lim.reserved() == {"a": 60}
     first.settle(10)  # it used 10: the rest is given back at once
+    first.settle(10)  # (a second settle changes nothing)
+    assert lim.reserved() == {"a": 0}
     second = lim.reserve_tokens(A, 60)
     with pytest.raises(TenantRateLimited) as never:
         lim.reserve_tokens(A, 101)  # more than the whole budget: waiting does not help
@@ -416,6 +434,9 @@ async def test_a_concurrent_burst_never_overruns_a_token_budget(make_stack):
     again = await stack.client.post("/v1/chat/completions", json=chat_body("more", max_tokens=16),
                                     headers=key("metered"))
     assert again.status_code == 200, again.text  # the unused reservations came back
+    account = (await stack.client.get("/stats/tenants", headers=key("metered"))).json()["metered"]
+    assert account["prompt_tokens"] + account["generated_tokens"] == sum(served) + again.json()["usage"]["total_tokens"]
+    assert account["reserved_tokens"] == 0 and account["refused"] == {"tenant_rate_limited": len(refused)}
 
 
 async def test_a_body_declared_too_large_does_not_hold_one_of_its_tenants_concurrent_requests(make_stack):

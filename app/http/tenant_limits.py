@@ -6,7 +6,9 @@ most one token per byte of text, byte-level tokenizers never do worse) plus ever
 however it ends, the reservation is settled to what it really used (the replica's count of prompt and generated
 tokens). So concurrent requests each see the others' reservations, and the sum over the last 60 s never passes the
 budget, not even by one request. Windows slide over the last 60 s; a refusal's Retry-After is when enough of the
-window has passed. Per ingress replica (each counts what passes through it).
+window has passed, or sooner when the requests in flight, ending as the tenant's requests usually do (how long they
+take, what share of their reservation they use), would give back enough. Per ingress replica (each counts what passes
+through it).
 """
 
 from __future__ import annotations
@@ -40,20 +42,46 @@ def _bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is the replica's 400 to give, not a crash
 
 
+class _Holds:
+    """A tenant's reservations not yet settled, and how its settled ones went (moving averages of how long each was
+    held and what share of it was used), for a refusal's Retry-After."""
+
+    __slots__ = ("open", "hold_s", "used_share")
+
+    def __init__(self) -> None:
+        self.open = 0  # tokens reserved by requests not yet ended
+        self.hold_s: float | None = None  # None: none settled yet
+        self.used_share = 1.0
+
+    def settled(self, reserved: int, used: int, held_s: float) -> None:
+        self.open -= reserved
+        share = min(used, reserved) / reserved if reserved else 1.0
+        first = self.hold_s is None
+        self.hold_s = held_s if self.hold_s is None else 0.8 * self.hold_s + 0.2 * held_s
+        self.used_share = share if first else 0.8 * self.used_share + 0.2 * share
+
+    def room_in_s(self, excess: float) -> float | None:
+        """When the requests in flight, ending as they usually do, give back `excess` tokens (None: they would not)."""
+        if self.hold_s is None or self.open * (1.0 - self.used_share) < excess:
+            return None
+        return max(1.0, self.hold_s)
+
+
 class Reservation:
     """Tokens held in a tenant's window for one request; `settle` sets them to what it used (the first settle ends
-    the hold, for `TenantLimits.reserved`)."""
+    the hold)."""
 
-    __slots__ = ("_entry", "_open", "_tenant")
+    __slots__ = ("_entry", "_holds", "_clock", "_since")
+    _holds: _Holds | None
 
-    def __init__(self, entry: list[float], open_: dict[str, int], tenant: str):
-        self._entry, self._open, self._tenant = entry, open_, tenant
-        open_[tenant] += int(entry[1])
+    def __init__(self, entry: list[float], holds: _Holds, clock: Callable[[], float]):
+        self._entry, self._holds, self._clock, self._since = entry, holds, clock, clock()
+        holds.open += int(entry[1])
 
     def settle(self, used: int) -> None:
-        if self._tenant:
-            self._open[self._tenant] -= int(self._entry[1])
-            self._tenant = ""
+        if self._holds is not None:
+            self._holds.settled(int(self._entry[1]), used, self._clock() - self._since)
+            self._holds = None
         self._entry[1] = min(self._entry[1], used)
 
 
@@ -94,11 +122,11 @@ class TenantLimits:
         self._requests: dict[str, _Window] = {name: _Window() for name in self._config}
         self._tokens: dict[str, _Window] = {name: _Window() for name in self._config}
         self._concurrent: dict[str, int] = dict.fromkeys(self._config, 0)
-        self._open: dict[str, int] = dict.fromkeys(self._config, 0)  # tokens reserved by requests not yet settled
+        self._holds = {name: _Holds() for name in self._config}
 
     def reserved(self) -> dict[str, int]:
         """Tokens held now by requests not yet ended, by tenant (those with a token budget)."""
-        return {name: self._open[name] for name, config in self._config.items() if config.tokens_per_minute}
+        return {name: self._holds[name].open for name, config in self._config.items() if config.tokens_per_minute}
 
     def limited(self, tenant: Tenant) -> bool:
         return tenant.name in self._config
@@ -139,10 +167,13 @@ class TenantLimits:
                     f"This request may cost up to {tokens} tokens (its prompt's bound plus n x max_tokens), more "
                     f"than the tokens_per_minute ({limit}) of tenant '{tenant.name}'; lower max_tokens or the prompt",
                     param="max_tokens")
+            # Sooner where the requests in flight give back what they reserved and will not use.
+            if (sooner := self._holds[tenant.name].room_in_s(window.total(now) + tokens - limit)) is not None:
+                wait = min(wait, sooner)
             raise TenantRateLimited(
                 f"Tenant '{tenant.name}' would pass its tokens_per_minute ({limit}) with this request's up to {tokens} "
                 "tokens; retry after the Retry-After delay", retry_after_s=wait)
-        return Reservation(window.add(now, tokens), self._open, tenant.name)
+        return Reservation(window.add(now, tokens), self._holds[tenant.name], self._clock)
 
     def reserve_together(self, tenant: Tenant, prompts: Sequence[PromptInput]) -> Reservation | None:
         """One reservation for every prompt of a request admitted whole (embeddings' inputs)."""

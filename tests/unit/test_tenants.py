@@ -408,6 +408,25 @@ def test_tokens_are_reserved_for_the_most_and_settled_to_the_use():
     assert lim.reserve_tokens(A, 30) is not None and second is not None
 
 
+def test_a_budget_held_by_requests_in_flight_says_to_retry_when_they_usually_end():
+    """Reservations are for the most a request can cost; most use a fraction. Refused only for what requests in flight
+    hold and will give back, a client is told to retry when they usually end, not when the minute has passed."""
+    clock = Clock()
+    lim = limits(clock, tokens_per_minute=100)
+    done = lim.reserve_tokens(A, 40)
+    clock.now += 3
+    assert done is not None
+    done.settle(10)  # held 3 s, used a quarter
+    held = [lim.reserve_tokens(A, 40), lim.reserve_tokens(A, 40)]  # 10 + 80 of 100
+    with pytest.raises(TenantRateLimited) as err:
+        lim.reserve_tokens(A, 40)  # 30 over; the two in flight should give back about 60
+    assert err.value.retry_after_s == pytest.approx(3)
+    with pytest.raises(TenantRateLimited) as err:
+        lim.reserve_tokens(A, 90)  # 80 over: more than they would give back, so the window's own wait
+    assert err.value.retry_after_s == pytest.approx(60)  # the two in flight leave the window a minute after now
+    assert all(h is not None for h in held)
+
+
 def test_prompt_token_bound_is_never_below_the_tokens():
     text = "héllo wörld 👋 " * 20
     assert prompt_token_bound(PromptInput(text=text)) == len(text.encode())

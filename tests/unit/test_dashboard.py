@@ -7,6 +7,8 @@ from pathlib import Path
 from app.engine.engine_stats import EngineStats
 from app.host.stats import AdmissionStats, ReplicaStats
 from app.http.metrics import Metrics, _Snapshot
+from app.http.tenant_accounts import TenantAccounts
+from app.tenancy import Tenant
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "configs" / "grafana-dashboard.json"
 STATS = {"m": {"r1": ReplicaStats(
@@ -17,7 +19,9 @@ STATS = {"m": {"r1": ReplicaStats(
 
 
 def _exported_names() -> set[str]:
-    text = Metrics().render(STATS).decode()
+    accounts = TenantAccounts()
+    accounts.of(Tenant("t")).prompt_tokens = 1
+    text = Metrics().render(STATS, extra=[accounts]).decode()
     names = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):

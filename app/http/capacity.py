@@ -59,7 +59,7 @@ class Capacity:
         used = 0
         if self._full_for(model_id, tenant):
             if reservation is not None:
-                reservation.settle(0)
+                reservation.cancel()
             await stream.aclose()
             raise self._refusal(
                 f"Server is at capacity for '{model_id}' ({self.limit[model_id]} requests running or queued); "
@@ -89,7 +89,6 @@ class Capacity:
             if held[tenant.name] <= 0:
                 del held[tenant.name]
             await stream.aclose()
-
 
 
 def _tokens_of(item: object) -> tuple[int, int]:

@@ -84,6 +84,13 @@ class Reservation:
             self._holds = None
         self._entry[1] = min(self._entry[1], used)
 
+    def cancel(self) -> None:
+        """Give it all back: the request was refused before it ran (it teaches nothing of how requests end)."""
+        if self._holds is not None:
+            self._holds.open -= int(self._entry[1])
+            self._holds = None
+        self._entry[1] = 0
+
 
 class _Window:
     """Amounts over the last WINDOW_S seconds: [when, amount] entries, oldest first."""
@@ -196,6 +203,6 @@ class TenantLimits:
         except TenantRateLimited:
             for reservation in made:
                 if reservation is not None:
-                    reservation.settle(0)
+                    reservation.cancel()
             raise
         return made

@@ -421,6 +421,12 @@ def test_a_budget_held_by_requests_in_flight_says_to_retry_when_they_usually_end
     with pytest.raises(TenantRateLimited) as err:
         lim.reserve_tokens(A, 40)  # 30 over; the two in flight should give back about 60
     assert err.value.retry_after_s == pytest.approx(3)
+    with pytest.raises(TenantRateLimited):  # all or none: the one made is given back, and teaches nothing
+        lim.reserve_each(A, [PromptInput(token_ids=(1,) * 5), PromptInput(token_ids=(1,) * 40)])
+    assert lim.reserved() == {"a": 80}
+    with pytest.raises(TenantRateLimited) as err:
+        lim.reserve_tokens(A, 40)
+    assert err.value.retry_after_s == pytest.approx(3)
     with pytest.raises(TenantRateLimited) as err:
         lim.reserve_tokens(A, 90)  # 80 over: more than they would give back, so the window's own wait
     assert err.value.retry_after_s == pytest.approx(60)  # the two in flight leave the window a minute after now

@@ -166,17 +166,18 @@ class Admission:
     def _produced(self, ticket: Ticket, steps: int) -> None:
         now = time.monotonic()
         if self.pace is not None and ticket.state == RUNNING and not ticket.resuming:  # a resume's wait is no pace
-            if not ticket.last_output:
-                was_ready = self.pace.ready
+            was_ready, first = self.pace.ready, not ticket.last_output
+            if first:
                 self.pace.first_token(ticket.backlog, ticket.batch, now - ticket.started)
                 if ticket.predicted_first_s:
                     self.pace.observed(ticket.predicted_first_s, now - ticket.asked_at)
-                if self._waiting and not was_ready and self.pace.ready:
-                    self._sweep(now, judged=False)
-                elif self._waiting and now - self._swept_at >= SWEEP_EVERY_S:
-                    self._sweep(now, judged=True)
             else:
-                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running)
+                prefilling = not self.pace.warm and any(not t.last_output for t in self._slots.held)
+                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running, prefilling)
+            if self._waiting and not was_ready and self.pace.ready:
+                self._sweep(now, judged=False)
+            elif self._waiting and first and now - self._swept_at >= SWEEP_EVERY_S:
+                self._sweep(now, judged=True)
         ticket.steps += steps
         self.demand.served(steps, now)
         ticket.last_output, ticket.resuming = now, False
@@ -185,9 +186,8 @@ class Admission:
 
     def _sweep(self, now: float, judged: bool) -> None:
         """Refuses queued requests now predicted to miss what they wait for, their wait so far counted. Not `judged`
-        (the pace has just been measured; they were queued by count alone): any target, or the queue timeout.
-        `judged` (each predicted in time at its arrival; checked at most once a second): the queue timeout only,
-        since a burst's first tokens bring decode samples its prefill slowed (docs/sizing.md has the runs)."""
+        (the pace has just been measured; queued by count alone): any target, or the queue timeout. `judged` (each
+        predicted in time at arrival; at most once a second): the queue timeout only (docs/sizing.md has why)."""
         self._swept_at = now
         self._refuse_waiting(queue := list(self._waiting), set(queue), now, targets=not judged)
         self._pump()

@@ -18,7 +18,8 @@ engine speed (a noisy neighbour, a longer context) within `WINDOW` requests or t
 `predict` simulates the admission queue: the slots of running requests free at their predicted ends, the
 waiting requests take them in arrival order, and the newcomer's first token comes after its own start
 plus the prefill backlog of those started before it. Nothing is predicted until `MIN_SAMPLES` requests
-have been measured: until then admission is by count alone (a fresh replica refuses nothing by time).
+have been measured and a decode sample taken outside the first batch's prefill (`decoded`): until then admission is
+by count alone (a fresh replica refuses nothing by time).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ SETTLED = 32  # finished requests and first tokens before the prefill rate count
 # extrapolation); from a light load alone (1-3 streams) the fit's slope times 32 put capacity at 25-96 output tokens/s
 # on the 2-core EPYC where full batches measured 189-295 (docs/autoscaling.md).
 FULL_BATCH_SHARE = 0.5
+# Until a decode sample is taken with no other prompt prefilling, decode samples taken while one is are not learnt
+# from, up to this many per slot: a fresh replica's first batch prefills all its prompts between its first decode
+# steps, which made 2.81 s a token where the same batch decoded at 0.09 once they were done (docs/overload.md).
+PREFILL_STORM_SAMPLES = 8
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class EnginePace:
         self._finished = 0
         self._late: deque[float] = deque(maxlen=LATENESS_WINDOW)  # actual / predicted first token
         self._full_batch: float | None = None  # output tokens/s last measured near a full batch
+        self._warm = False  # a decode sample was taken with no other prompt prefilling (PREFILL_STORM_SAMPLES)
+        self._skipped = 0
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -105,14 +112,19 @@ class EnginePace:
         running requests had its first output `seconds` after admission."""
         self._ttft.add((backlog_tokens, batch), seconds)
 
-    def decoded(self, batch: int, tokens: int, seconds: float, max_running: int = 0) -> None:
+    def decoded(self, batch: int, tokens: int, seconds: float, max_running: int = 0, prefilling: bool = False) -> None:
         """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran, of at most
-        `max_running` (0: not said). A sample near a full batch (FULL_BATCH_SHARE) renews the full-batch figure
-        `capacity` keeps: the window's pace at `max_running`, measured while the batch is that full. Renewed while
-        the window held any such sample (as before), the last light samples of a window would have set it to
-        nearly the light load's extrapolation."""
+        `max_running` (0: not said), other prompts `prefilling` meanwhile or not. A sample near a full batch
+        (FULL_BATCH_SHARE) renews the full-batch figure `capacity` keeps: the window's pace at `max_running`,
+        measured while the batch is that full. Renewed while the window held any such sample (as before), the last
+        light samples of a window would have set it to nearly the light load's extrapolation."""
         if tokens <= 0 or seconds <= 0:
             return
+        if not self._warm:
+            if prefilling and self._skipped < PREFILL_STORM_SAMPLES * max(1, max_running):
+                self._skipped += 1
+                return
+            self._warm = True
         self._decode.add((batch,), seconds / tokens)
         if max_running and batch >= FULL_BATCH_SHARE * max_running:
             self._full_batch = self.output_tokens_per_s(max_running)
@@ -149,6 +161,11 @@ class EnginePace:
         if self._finished < SETTLED or len(self._ttft) < SETTLED or self._output_mean <= 0:
             return None
         return self._prompt_mean / self._output_mean
+
+    @property
+    def warm(self) -> bool:
+        """Whether decode samples are learnt from whatever prefills beside them (see `decoded`)."""
+        return self._warm
 
     @property
     def ready(self) -> bool:

@@ -308,6 +308,36 @@ async def test_requests_queued_before_the_pace_was_measured_are_refused_once_it_
     assert admission.stats().in_system == 0
 
 
+async def test_a_first_batch_is_judged_only_once_its_prefill_is_done():
+    """The first batch's decode steps, taken while its other prompts prefill, are left out of the pace; the queue
+    queued by count alone is judged at the first decode step taken with no prompt prefilling, on that step's pace
+    (it was judged at the fourth first token, on 2.81 s a token, and every one said Retry-After: 60)."""
+    admission = Admission(max_running=2, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=EnginePace())
+    for backlog in (10, 20, 30):
+        admission.pace.first_token(backlog, 2, 0.01)  # three first tokens measured: one short of a prediction
+    first, second = admission.reserve(), admission.reserve()
+    await first.admit(20, 30, prompt_tokens=10, max_steps=10)
+    await second.admit(20, 30, prompt_tokens=10, max_steps=10)
+    hurried = admission.reserve()
+    late = asyncio.create_task(hurried.admit(20, 30, Targets(first_token_s=5.0), prompt_tokens=10, max_steps=10))
+    await asyncio.sleep(0)
+    first.produced(1)  # the fourth first token, while the second prompt still prefills
+    await asyncio.sleep(0.5)
+    first.produced(1)  # a decode step of 0.5 s beside that prefill: not learnt from, so nothing is judged yet
+    assert not admission.pace.ready and admission.stats().waiting == 1
+    second.produced(1)  # its first token: nothing prefills now
+    await asyncio.sleep(0.02)
+    first.produced(1)  # a clean step, about 0.02 s a token: the 7 steps ahead of `hurried` take well under 5 s
+    assert admission.pace.ready
+    await asyncio.sleep(0)
+    assert not late.done() and admission.stats().refused_over_time_target == 0  # judged, and in time
+    first.release()
+    await asyncio.wait_for(late, 5)
+    for ticket in (second, hurried):
+        ticket.release()
+    assert admission.stats().in_system == 0
+
+
 async def test_a_queued_request_is_checked_again_only_against_the_queue_timeout(monkeypatch):
     """Once admitted to the queue by a measured pace, a request is not judged against its target again (a burst's
     own first tokens slow the decode samples for a moment), but it is refused as soon as it is predicted to wait

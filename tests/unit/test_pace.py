@@ -32,6 +32,29 @@ def test_nothing_is_predicted_until_enough_requests_were_measured():
     assert pace.predict(Work(10, 10), [], [], 4) is not None
 
 
+def test_a_first_batch_s_prefill_storm_teaches_no_decode_pace(monkeypatch):
+    """A fresh replica's first batch prefills all its prompts between its first decode steps: those steps took 2.81 s
+    a token where the batch decoded at 0.09 once the prefill was done (docs/overload.md). Until a decode sample is
+    taken with no other prompt prefilling, samples taken while one is are left out; after it, every sample counts
+    (a steady load always prefills something beside its decode)."""
+    monkeypatch.setattr(rate_fit, "_REFIT_SAMPLES", 1)  # every sample refits
+    pace = EnginePace()
+    for backlog in (100, 200, 300, 400):
+        pace.first_token(backlog, 32, backlog * 0.01)
+    for _ in range(40):
+        pace.decoded(32, 1, 2.8, max_running=32, prefilling=True)
+    assert not pace.warm and not pace.ready  # nothing learnt of the decode yet: admission by count alone
+    pace.decoded(32, 1, 0.09, max_running=32)
+    assert pace.warm and pace.ready
+    assert pace.output_tokens_per_s(32) == pytest.approx(32 / 0.09)
+    pace.decoded(32, 1, 0.2, max_running=32, prefilling=True)  # warm: learnt from
+    assert pace.output_tokens_per_s(32) < 32 / 0.09
+    never_clean = EnginePace()  # every sample beside a prefill: learnt from after 8 per slot
+    for _ in range(8 * 4 + 1):
+        never_clean.decoded(4, 1, 0.1, max_running=4, prefilling=True)
+    assert never_clean.warm and never_clean.output_tokens_per_s(4) == pytest.approx(40)
+
+
 def test_the_rates_are_recovered_from_the_samples():
     stats = _trained().stats(batch=8, max_running=32)
     assert stats.prefill_tokens_per_s == pytest.approx(500, rel=0.01)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import secrets
 import signal
 import socket
@@ -41,14 +42,24 @@ STACK_MARKERS = ("VLLM::EngineCore", "VLLM::Worker", "raylet", "gcs_server", "ra
 PEER_MARKERS = (*STACK_MARKERS, "vllm.entrypoints", "naive_fastapi", "ray_serve_llm", "app serve")
 
 
+# Ports for the services a run starts: below the kernel's ephemeral range (32768-60999 on Linux), whence every
+# process that binds port 0 draws, and above Ray's worker ports (10002-19999). A port drawn from the ephemeral range
+# was free when drawn and taken by one of Ray's own processes before the replica bound it (the hostile run of
+# 2026-12-05 17:09: "Address already in use" on 36155). app/cli/ports.py picks the same way (loadkit imports no app).
+PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    """A free loopback port, never 8000 (the service's default: a run must not meet someone's `make serve`)."""
+    """A free loopback port from PORTS (never 8000, the service's default: a run must not meet someone's `make
+    serve`)."""
     while True:
+        port = random.choice(PORTS)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port != 8000:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def child_env(drop: Iterable[str] = ("RAY_ADDRESS", "APP_API_KEYS"), **extra: str) -> dict[str, str]:

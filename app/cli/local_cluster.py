@@ -31,6 +31,8 @@ from pathlib import Path
 
 import psutil
 
+from app.cli.ports import free_port
+
 STATE_DIR = Path(os.environ.get("APP_CLUSTER_DIR", Path.home() / ".cache" / "app-llm-serve" / "cluster"))
 TAG_ENV = "APP_LOCAL_CLUSTER"
 NODE_TAG_ENV = "APP_LOCAL_CLUSTER_NODE"  # "<cluster tag>/<node name>": every process of one node inherits it
@@ -76,12 +78,6 @@ class ClusterState:
 def env_for_clients(address: str) -> dict[str, str]:
     """What a process needs in its environment to use the cluster (the CLI with RAY_ADDRESS, `serve deploy`)."""
     return {**CLUSTER_ENV, "RAY_ADDRESS": address}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_cores(workers: int, cpus_per_worker: int, cores: list[int]) -> list[set[int]]:
@@ -144,7 +140,7 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     env = dict(env or {})
     _ensure_auth_token(env)
-    port, dashboard_port = _free_port(), _free_port()
+    port, dashboard_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
     dashboard = f"http://127.0.0.1:{dashboard_port}"
     tag = f"app-cluster-{port}"

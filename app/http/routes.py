@@ -176,6 +176,7 @@ async def _generate(
     engine_requests = _engine_requests(request, body, request_id, prompts, params)
     timer = RequestTimer(state.metrics, model.id, request.state.arrived)
     tenant = request.state.tenant
+    request.state.asked_tokens = len(prompts) * params.n * params.max_tokens  # counted against a tenant if refused
     # Its tokens_per_minute, for the most each may cost.
     reservations = state.capacity.limits.reserve_each(tenant, prompts, params.n * params.max_tokens)
     # A stream's connection, when this process holds it: a client that stops reading is paused out of the engine.

@@ -2,7 +2,9 @@
 
 Per tenant: requests in flight and those of them not yet in an engine (waiting in a replica's admission queue, or
 routed there), tokens served (prompt and generated, as the replicas counted them), tokens held now against the
-tenant's `tokens_per_minute` (reservations not yet settled: http/tenant_limits.py) and refusals by reason. Keyed by
+tenant's `tokens_per_minute` (reservations not yet settled: http/tenant_limits.py), refusals by reason and the output
+tokens the refused requests asked for (n x max_tokens per prompt; a refusal before its body was read counts as a
+request only: not reading it is what keeps that refusal cheap). Keyed by
 the tenant's metrics label (configured and key tenants by name, every client address as `by-address`), so the
 label set stays bounded. With several ingress replicas each counts what passes through it.
 """
@@ -25,6 +27,7 @@ class Account:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # by reason (the error's code)
+    refused_tokens: int = 0  # the output tokens refused requests asked for, where their body was read
 
 
 class TenantAccounts:
@@ -35,15 +38,17 @@ class TenantAccounts:
     def of(self, tenant: Tenant) -> Account:
         return self._accounts.setdefault(tenant.metrics_label, Account())
 
-    def refused(self, tenant: Tenant | None, reason: str) -> None:
+    def refused(self, tenant: Tenant | None, reason: str, asked_tokens: int = 0) -> None:
         if tenant is not None:
-            self.of(tenant).refused[reason] += 1
+            account = self.of(tenant)
+            account.refused[reason] += 1
+            account.refused_tokens += asked_tokens
 
     def as_json(self) -> dict[str, dict[str, object]]:
         reserved = self._reserved()
         return {label: {"in_flight": a.in_flight, "queued": a.queued, "prompt_tokens": a.prompt_tokens,
                         "generated_tokens": a.generated_tokens, "reserved_tokens": reserved.get(label, 0),
-                        "refused": dict(a.refused)}
+                        "refused": dict(a.refused), "refused_tokens": a.refused_tokens}
                 for label, a in sorted(self._accounts.items())}
 
     def collect(self) -> Iterator[Metric]:
@@ -58,6 +63,9 @@ class TenantAccounts:
                                      "tokens_per_minute by requests not yet ended.", labels=["tenant"])
         refused = CounterMetricFamily("app_tenant_refusals", "Requests refused, by tenant and reason.",
                                       labels=["tenant", "reason"])
+        refused_tokens = CounterMetricFamily("app_tenant_refused_tokens", "Output tokens (n x max_tokens) asked by "
+                                             "requests refused after their body was read, by tenant.",
+                                             labels=["tenant"])
         for label, a in sorted(self._accounts.items()):
             tokens.add_metric([label, "prompt"], a.prompt_tokens)
             tokens.add_metric([label, "generated"], a.generated_tokens)
@@ -65,6 +73,8 @@ class TenantAccounts:
             queued.add_metric([label], a.queued)
             for reason, count in sorted(a.refused.items()):
                 refused.add_metric([label, reason], count)
+            if a.refused:
+                refused_tokens.add_metric([label], a.refused_tokens)
         for label, held in sorted(self._reserved().items()):
             reserved.add_metric([label], held)
-        yield from (tokens, in_flight, queued, reserved, refused)
+        yield from (tokens, in_flight, queued, reserved, refused, refused_tokens)

@@ -158,11 +158,12 @@ class Responder:
         """Chat's prompt ids (one prompt, every choice's), with return_token_ids."""
         return self._choices[0].prompt_token_ids if self.return_token_ids and self._choices else None
 
-    def chunk(self, delta: GenerationDelta) -> dict[str, Any] | None:
-        """The stream chunk of `delta`; None when it has nothing to tell (forced tool-call JSON whose next call is
-        not yet readable), as vLLM sends no chunk then."""
+    def chunks(self, delta: GenerationDelta) -> list[dict[str, Any]]:
+        """The stream chunks of `delta`, one per choice as vLLM's server and OpenAI send them (a client written
+        against them reads `choices[0]` of each); none for a choice with nothing to tell (forced tool-call JSON
+        whose next call is not yet readable), as vLLM sends no chunk then."""
         self._count_cache(delta)
-        choices = []
+        out = []
         for c in delta.choices:
             acc = self._absorb(c, delta)
             first = not acc.started
@@ -173,15 +174,17 @@ class Responder:
             if not self.return_token_ids and (
                     choice.get("delta") == {} and choice["finish_reason"] is None and choice["logprobs"] is None):
                 continue
-            choices.append(self._with_token_ids(choice, acc, list(c.token_ids or ()), first, streamed=True))
-        if not choices:
-            return None
+            out.append(self._chunk_of(self._with_token_ids(choice, acc, list(c.token_ids or ()), first,
+                                                           streamed=True)))
+        return out
+
+    def _chunk_of(self, choice: dict[str, Any]) -> dict[str, Any]:
         out = self._envelope(self.shape.object_chunk)
         if isinstance(self.shape, ChatShape) and not self._chunk_sent:
             # vLLM's: the prompt's ids on a chat stream's first chunk (null unless asked for), and no such key on
             # any later one (its later chunks leave the field unset).
             out["prompt_token_ids"] = self._prompt_ids()
-        out["choices"] = choices
+        out["choices"] = [choice]
         if self.include_usage:
             # vLLM's per-chunk usage is the bare counts
             out["usage"] = self._counts() if self.continuous_usage else None
@@ -194,8 +197,7 @@ class Responder:
         return []
 
     def events(self, delta: GenerationDelta) -> list[dict[str, Any]]:
-        chunk = self.chunk(delta)
-        return [chunk] if chunk is not None else []
+        return self.chunks(delta)
 
     def closing(self) -> list[dict[str, Any]]:
         return [self.usage_chunk()] if self.include_usage else []

@@ -96,9 +96,8 @@ class ResponsesWriter:
                 self._event("response.in_progress", response=response)]
 
     def events(self, delta: GenerationDelta) -> list[dict[str, Any]]:
-        chunk = self.chat.chunk(delta)
         out: list[dict[str, Any]] = []
-        for choice in chunk["choices"] if chunk else ():
+        for choice in (chunk["choices"][0] for chunk in self.chat.chunks(delta)):
             text = choice["delta"].get("content")
             if text:
                 out += self._text(text)

@@ -56,6 +56,20 @@ async def test_sdk_chat_stream(oai):
     assert usage is not None and usage.completion_tokens == len(ANSWER.split(" "))
 
 
+async def test_sdk_chat_stream_of_several_choices_sends_one_choice_per_chunk(oai):
+    """As vLLM's server and OpenAI do: a client that reads `choices[0]` of each chunk (code written against them)
+    gets every choice whole."""
+    stream = await oai.chat.completions.create(model=MODEL_ID, messages=MESSAGES, stream=True, n=3, max_tokens=6)
+    texts, sizes = {}, set()
+    async for chunk in stream:
+        sizes.add(len(chunk.choices))
+        choice = chunk.choices[0]
+        texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    whole = await oai.chat.completions.create(model=MODEL_ID, messages=MESSAGES, n=3, max_tokens=6)
+    assert sizes == {1}
+    assert texts == {c.index: c.message.content for c in whole.choices} and len(texts) == 3
+
+
 async def test_sdk_completion(oai):
     resp = await oai.completions.create(model=MODEL_ID, prompt="Say", max_tokens=2)
     assert resp.choices[0].text == " ".join(ANSWER.split(" ")[:2]) + " "

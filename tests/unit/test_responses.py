@@ -28,6 +28,12 @@ def completion(echo: str | None = None, n: int = 1) -> Responder:
     return Responder(request_id="cmpl-1", model="m", shape=CompletionShape(echo_text=echo), n=n, created=CREATED)
 
 
+def one_chunk(r: Responder, d: GenerationDelta) -> dict:
+    """The one chunk of a delta of one choice."""
+    (only,) = r.chunks(d)
+    return only
+
+
 async def stream_of(*deltas: GenerationDelta):
     for d in deltas:
         yield d
@@ -38,30 +44,37 @@ async def stream_of(*deltas: GenerationDelta):
 def test_chat_chunks_name_the_role_once_per_choice():
     r = chat()
     r.admitted(Admitted(prompt_tokens=5))
-    first = r.chunk(delta(ChoiceDelta(index=0, text="Hel", num_tokens=1)))
+    first = one_chunk(r, delta(ChoiceDelta(index=0, text="Hel", num_tokens=1)))
     assert first == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
                      "prompt_token_ids": None,  # vLLM's, on the first chunk only
                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "logprobs": None,
                                   "finish_reason": None, "token_ids": None}]}
-    last = r.chunk(delta(ChoiceDelta(index=0, text="lo", num_tokens=1, finish_reason="stop")))
+    last = one_chunk(r, delta(ChoiceDelta(index=0, text="lo", num_tokens=1, finish_reason="stop")))
     assert "prompt_token_ids" not in last
     assert last["choices"] == [{"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": "stop",
                                 "stop_reason": None, "token_ids": None}]  # stop_reason: on the chunk that ends it
     assert "usage" not in first and "usage" not in last  # only asked for with include_usage
 
 
-def test_chat_chunks_of_several_choices_each_start_with_the_role():
-    r = chat(n=2)
-    one = r.chunk(delta(ChoiceDelta(index=0, text="a", num_tokens=1)))
-    two = r.chunk(delta(ChoiceDelta(index=0, text="b", num_tokens=1), ChoiceDelta(index=1, text="x", num_tokens=1)))
-    assert [c["delta"] for c in one["choices"]] == [{"role": "assistant", "content": "a"}]
-    assert [c["delta"] for c in two["choices"]] == [{"content": "b"}, {"role": "assistant", "content": "x"}]
+def test_chat_chunks_of_several_choices_are_one_per_choice_each_starting_with_the_role():
+    """vLLM's server and OpenAI send each choice in a chunk of its own: a client reading `choices[0]` of each
+    chunk gets every choice's text."""
+    r = chat(n=2, include_usage=True)
+    r.continuous_usage = True
+    r.admitted(Admitted(prompt_tokens=3))
+    one = r.chunks(delta(ChoiceDelta(index=0, text="a", num_tokens=1)))
+    two = r.chunks(delta(ChoiceDelta(index=0, text="b", num_tokens=1), ChoiceDelta(index=1, text="x", num_tokens=1)))
+    assert [[c["delta"] for c in chunk["choices"]] for chunk in one] == [[{"role": "assistant", "content": "a"}]]
+    assert [[(c["index"], c["delta"]) for c in chunk["choices"]] for chunk in two] == [
+        [(0, {"content": "b"})], [(1, {"role": "assistant", "content": "x"})]]
+    assert "prompt_token_ids" in one[0] and not any("prompt_token_ids" in c for c in two)  # the first chunk's only
+    assert [c["usage"]["completion_tokens"] for c in (*one, *two)] == [1, 2, 3]  # each chunk: every choice so far
 
 
 def test_chat_include_usage_sets_null_usage_on_chunks_then_a_usage_chunk():
     r = chat(include_usage=True)
     r.admitted(Admitted(prompt_tokens=4))
-    chunk = r.chunk(delta(ChoiceDelta(index=0, text="Hi", num_tokens=2, finish_reason="length")))
+    chunk = one_chunk(r, delta(ChoiceDelta(index=0, text="Hi", num_tokens=2, finish_reason="length")))
     assert chunk["usage"] is None
     assert r.usage_chunk() == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": CREATED, "model": "m",
                                "choices": [], "usage": usage_of(4, 2, streamed=True)}
@@ -73,7 +86,7 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
     for d in (delta(ChoiceDelta(index=0, text="Par", num_tokens=1), ChoiceDelta(index=1, text="Lon", num_tokens=1)),
               delta(ChoiceDelta(index=0, text="is", num_tokens=1, finish_reason="stop", stop_reason="\n")),
               delta(ChoiceDelta(index=1, text="don", num_tokens=2, finish_reason="length"))):
-        r.chunk(d)
+        r.chunks(d)
     assert r.full() == {
         "id": "chatcmpl-1", "object": "chat.completion", "created": CREATED, "model": "m",
         "choices": [
@@ -90,9 +103,9 @@ def test_chat_full_body_accumulates_text_tokens_and_finish():
 
 def test_chat_logprobs_with_utf8_bytes_in_chunks_and_body():
     r = chat()
-    first = r.chunk(delta(ChoiceDelta(index=0, text="é", num_tokens=1,
-                                      logprobs=(lp("é", -0.5, ("é", -0.5), ("e", -1.0)),))))
-    r.chunk(delta(ChoiceDelta(index=0, text="!", num_tokens=1, finish_reason="stop", logprobs=(lp("!", -0.25),))))
+    first = one_chunk(r, delta(ChoiceDelta(index=0, text="é", num_tokens=1,
+                                           logprobs=(lp("é", -0.5, ("é", -0.5), ("e", -1.0)),))))
+    one_chunk(r, delta(ChoiceDelta(index=0, text="!", num_tokens=1, finish_reason="stop", logprobs=(lp("!", -0.25),))))
     entry = {"token": "é", "logprob": -0.5, "bytes": [0xC3, 0xA9],
              "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [0xC3, 0xA9]},
                               {"token": "e", "logprob": -1.0, "bytes": [0x65]}]}
@@ -106,7 +119,7 @@ async def test_collect_builds_the_same_body_as_chunks_do():
               delta(ChoiceDelta(index=0, text="b", num_tokens=1, finish_reason="stop", logprobs=(lp("b", -2.0),))))
     streamed = chat()
     for d in deltas:
-        streamed.chunk(d)
+        streamed.chunks(d)
     collected = chat()
     assert await collected.collect(stream_of(*deltas)) == streamed.full()
     assert collected.full()["choices"][0]["message"]["content"] == "ab"
@@ -115,7 +128,7 @@ async def test_collect_builds_the_same_body_as_chunks_do():
 
 def test_a_choice_that_produced_nothing_is_empty_and_unfinished():
     r = chat(n=2)
-    r.chunk(delta(ChoiceDelta(index=1, text="x", num_tokens=1, finish_reason="stop")))
+    one_chunk(r, delta(ChoiceDelta(index=1, text="x", num_tokens=1, finish_reason="stop")))
     choices = r.full()["choices"]
     assert choices[0]["message"]["content"] == "" and choices[0]["finish_reason"] is None
     assert choices[1]["message"]["content"] == "x"
@@ -130,7 +143,7 @@ def test_usage_before_admission_counts_no_prompt():
 def test_completion_chunks_and_body_shape():
     r = completion()
     r.admitted(Admitted(prompt_tokens=2))
-    chunk = r.chunk(delta(ChoiceDelta(index=0, text=" Paris", num_tokens=1, finish_reason="length")))
+    chunk = one_chunk(r, delta(ChoiceDelta(index=0, text=" Paris", num_tokens=1, finish_reason="length")))
     assert chunk == {"id": "cmpl-1", "object": "text_completion", "created": CREATED, "model": "m",
                      "choices": [{"index": 0, "text": " Paris", "logprobs": None, "finish_reason": "length",
                                   "stop_reason": None, "prompt_token_ids": None, "token_ids": None}]}
@@ -143,16 +156,17 @@ def test_completion_chunks_and_body_shape():
 
 def test_completion_echo_prefixes_the_first_chunk_and_the_body_only():
     r = completion(echo="Q: ")
-    chunks = [r.chunk(delta(ChoiceDelta(index=0, text=t, num_tokens=1))) for t in ("A", "B")]
+    chunks = [one_chunk(r, delta(ChoiceDelta(index=0, text=t, num_tokens=1))) for t in ("A", "B")]
     assert [c["choices"][0]["text"] for c in chunks] == ["Q: A", "B"]
     assert r.full()["choices"][0]["text"] == "Q: AB"
 
 
 def test_completion_logprobs_offsets_count_from_the_whole_text_across_chunks():
     r = completion(echo="Hi ")
-    a = r.chunk(delta(ChoiceDelta(index=0, text="ab", num_tokens=2,
-                                  logprobs=(lp("a", -0.1, ("a", -0.1), ("b", -3.0)), lp("b", -0.2)))))
-    c = r.chunk(delta(ChoiceDelta(index=0, text="cd", num_tokens=1, finish_reason="stop", logprobs=(lp("cd", -0.3),))))
+    a = one_chunk(r, delta(ChoiceDelta(index=0, text="ab", num_tokens=2,
+                                       logprobs=(lp("a", -0.1, ("a", -0.1), ("b", -3.0)), lp("b", -0.2)))))
+    c = one_chunk(r, delta(ChoiceDelta(index=0, text="cd", num_tokens=1, finish_reason="stop",
+                                       logprobs=(lp("cd", -0.3),))))
     assert a["choices"][0]["logprobs"] == {"tokens": ["a", "b"], "token_logprobs": [-0.1, -0.2],
                                            "top_logprobs": [{"a": -0.1, "b": -3.0}, {}], "text_offset": [3, 4]}
     assert c["choices"][0]["logprobs"]["text_offset"] == [5]  # after the echo and the first chunk's text
@@ -166,16 +180,16 @@ def test_completion_logprobs_offsets_count_from_the_whole_text_across_chunks():
 
 def test_completion_offsets_are_per_choice():
     r = completion(n=2)
-    r.chunk(delta(ChoiceDelta(index=0, text="xyz", num_tokens=1, logprobs=(lp("xyz", -1.0),))))
-    other = r.chunk(delta(ChoiceDelta(index=1, text="q", num_tokens=1, logprobs=(lp("q", -1.0),))))
-    again = r.chunk(delta(ChoiceDelta(index=0, text="w", num_tokens=1, logprobs=(lp("w", -1.0),))))
+    one_chunk(r, delta(ChoiceDelta(index=0, text="xyz", num_tokens=1, logprobs=(lp("xyz", -1.0),))))
+    other = one_chunk(r, delta(ChoiceDelta(index=1, text="q", num_tokens=1, logprobs=(lp("q", -1.0),))))
+    again = one_chunk(r, delta(ChoiceDelta(index=0, text="w", num_tokens=1, logprobs=(lp("w", -1.0),))))
     assert other["choices"][0]["logprobs"]["text_offset"] == [0]  # choice 1 starts at its own beginning
     assert again["choices"][0]["logprobs"]["text_offset"] == [3]
 
 
 def test_completion_without_echo_offsets_start_at_zero():
     r = completion()
-    r.chunk(delta(ChoiceDelta(index=0, text="ok", num_tokens=1, logprobs=(lp("ok", -0.5),))))
+    one_chunk(r, delta(ChoiceDelta(index=0, text="ok", num_tokens=1, logprobs=(lp("ok", -0.5),))))
     assert r.full()["choices"][0]["logprobs"]["text_offset"] == [0]
 
 
@@ -185,8 +199,8 @@ def test_each_completion_choice_gets_its_prompts_ids_though_it_starts_in_a_later
     r = Responder(request_id="cmpl-1", model="m", shape=CompletionShape(n=2), n=2, created=CREATED,
                   return_token_ids=True)
     r.admitted(Admitted(prompt_tokens=3))
-    first = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="a", num_tokens=1, token_ids=(7,)),),
-                                    prompt_token_ids=(1, 2, 3)))
-    later = r.chunk(delta(ChoiceDelta(index=1, text="b", num_tokens=1, token_ids=(8,))))
+    first = one_chunk(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="a", num_tokens=1, token_ids=(7,)),),
+                                         prompt_token_ids=(1, 2, 3)))
+    later = one_chunk(r, delta(ChoiceDelta(index=1, text="b", num_tokens=1, token_ids=(8,))))
     assert first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
     assert later["choices"][0]["index"] == 1 and later["choices"][0]["prompt_token_ids"] == [1, 2, 3]

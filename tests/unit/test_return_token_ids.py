@@ -6,6 +6,7 @@ keys are there, null, as vLLM sends them (clients read them unconditionally)."""
 from __future__ import annotations
 
 from tests.support.fake_stack import MODEL_ID, chat_body
+from tests.support.responder import chunk_of
 from tests.support.sse import parse
 
 
@@ -106,12 +107,12 @@ def test_a_later_delta_with_prompt_ids_adds_none_to_later_chunks():
                                 prompt_token_ids=(1, 2, 7))]
 
     chat = Responder("c", "m", ChatShape(), 1, return_token_ids=True)
-    first, later = (chat.chunk(d) for d in deltas())
+    first, later = (chunk_of(chat, d) for d in deltas())
     assert first is not None and later is not None
     assert first["prompt_token_ids"] == [1, 2] and "prompt_token_ids" not in later
     assert chat.full()["prompt_token_ids"] == [1, 2]
     completion = Responder("c", "m", CompletionShape(), 1, return_token_ids=True)
-    first, later = (completion.chunk(d) for d in deltas())
+    first, later = (chunk_of(completion, d) for d in deltas())
     assert first is not None and later is not None
     assert first["choices"][0]["prompt_token_ids"] == [1, 2] and later["choices"][0]["prompt_token_ids"] is None
     assert completion.full()["choices"][0]["prompt_token_ids"] == [1, 2]

@@ -34,6 +34,7 @@ from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, chat_body, usage_of
 from tests.support.request_models import chat, completion
+from tests.support.responder import chunk_of
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20)
 
@@ -217,8 +218,8 @@ async def test_continuous_usage_puts_the_usage_so_far_on_every_chunk_of_a_stream
 def test_responder_puts_the_usage_so_far_on_every_chunk():
     r = Responder(request_id="c", model="m", shape=ChatShape(), n=1, include_usage=True, continuous_usage=True)
     r.admitted(Admitted(prompt_tokens=4))
-    one = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="Hi", num_tokens=1),)))
-    two = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="!", num_tokens=2, finish_reason="stop"),)))
+    one = chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="Hi", num_tokens=1),)))
+    two = chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="!", num_tokens=2, finish_reason="stop"),)))
     assert one["usage"] == usage_of(4, 1, streamed=True)  # vLLM's per-chunk usage: the bare counts
     assert two["usage"] == usage_of(4, 3, streamed=True)
     assert r.usage_chunk()["usage"] == two["usage"]  # the last chunk still comes, with the same figures

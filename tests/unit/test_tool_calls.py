@@ -25,6 +25,7 @@ from app.openai.tool_calls import ForcedCalls, forced_schema
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MODEL_ID, chat_body, make_config
 from tests.support.request_models import chat
+from tests.support.responder import chunk_of
 from tests.support.sse import parse
 
 LIMITS = LimitsConfig(max_tokens=100, default_max_tokens=20)
@@ -162,9 +163,9 @@ def test_named_call_streamed_and_whole():
 def test_the_responder_gives_forced_calls_the_openai_shape():
     r = Responder("id", MODEL_ID, ChatShape("required"), 1)
     text = _required_text(CALLS[:2], pretty=False)
-    chunks = [r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text=text[i:i + 4], num_tokens=1),)))
+    chunks = [chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text=text[i:i + 4], num_tokens=1),)))
               for i in range(0, len(text), 4)]
-    last = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, finish_reason="stop"),)))
+    last = chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, finish_reason="stop"),)))
     assert last is not None and last["choices"][0]["finish_reason"] == "tool_calls"
     sent = [c for c in chunks if c is not None]
     assert len(sent) < len(chunks)  # pieces that reveal nothing send no chunk
@@ -176,9 +177,9 @@ def test_the_responder_gives_forced_calls_the_openai_shape():
 
 def test_auto_calls_found_by_the_engine_are_merged_and_end_with_tool_calls():
     r = Responder("id", MODEL_ID, ChatShape(), 1)
-    r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, tool_calls=(
+    chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, tool_calls=(
         ToolCallDelta(index=0, id="call_a", name="ping"),)),)))
-    chunk = r.chunk(GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, finish_reason="stop",
+    chunk = chunk_of(r, GenerationDelta(choices=(ChoiceDelta(index=0, text="", num_tokens=1, finish_reason="stop",
                                                          tool_calls=(ToolCallDelta(index=0, arguments="{}"),)),)))
     assert chunk is not None
     assert chunk["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}

@@ -178,6 +178,8 @@ class ChatCompletionRequest(SamplingRequest):
                 f"'messages' has {len(self.messages)} entries; at most {limits.max_messages} are allowed",
                 param="messages",
             )
+        for i, message in enumerate(self.messages):
+            message.check_parts(i)
         # The template gets the tools whatever the choice ("none" too), as vLLM gives them by default.
         tools = tuple(t.model_dump(exclude_none=True) for t in self.tools) if self.tools else None
         return self._truncating(PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools,

@@ -20,10 +20,14 @@ MAX_TOOLS_SCHEMA_CHARS = 65_536  # the tools' parameter schemas together, as com
 MAX_ROLE_CHARS = 64  # a role is a word of the chat template's; vLLM has no bound
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
-    text: str
+class ContentPart(BaseModel):
+    """A part of a message's content. Only text is served (the models are text-only); a part of another type (an
+    image, audio, a file) is refused by name when the prompt is rendered (`ChatMessage.check_parts`), rather than by
+    pydantic's dump of every type the part failed to match."""
+
+    model_config = ConfigDict(extra="allow")  # as vLLM, which reads `type` and `text` only
+    type: str = Field(..., max_length=64)
+    text: str | None = None
 
 
 class MessageFunctionCall(BaseModel):
@@ -61,14 +65,25 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     # Any role, as vLLM takes it (its custom message): the chat template decides what a role it does not know means.
     role: str = Field(..., min_length=1, max_length=MAX_ROLE_CHARS)
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant
     tool_call_id: str | None = None  # tool
 
+    def check_parts(self, index: int) -> None:
+        """Raises the 400 for a content part that is not text (the message's `index` names it)."""
+        for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if part.type != "text":
+                raise InvalidRequest(
+                    f"messages[{index}].content[{j}] is a content part of type '{part.type}'; this service serves "
+                    "text-only models: send the content as a string or as parts of type 'text'", param="messages")
+            if part.text is None:
+                raise InvalidRequest(f"messages[{index}].content[{j}] is a text part without 'text'",
+                                     param="messages")
+
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text or "" for p in self.content)
         return self.content or ""
 
     def for_template(self) -> dict[str, Any]:

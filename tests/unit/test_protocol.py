@@ -158,6 +158,20 @@ def test_chat_prompt_flattens_text_parts():
                                               {"role": "user", "content": "ab"})
 
 
+def test_text_parts_with_extra_keys_are_text_and_other_parts_are_refused_by_name():
+    """A text part may carry keys of other APIs (LangChain's `cache_control`): vLLM reads `type` and `text` only.
+    An image (or any part that is not text) is a 400 that names the part, not pydantic's dump of every type."""
+    req = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": {"x": 1}}]}])
+    assert req.to_prompt(LIMITS).messages == ({"role": "user", "content": "a"},)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for parts, words in (([{"type": "text", "text": "a"}, image], "messages[1].content[1] is a content part of type "
+                                                                   "'image_url'; this service serves text-only"),
+                         ([{"type": "text"}], "messages[1].content[0] is a text part without 'text'")):
+        with invalid("messages") as err:
+            chat(messages=[{"role": "system", "content": "x"}, {"role": "user", "content": parts}]).to_prompt(LIMITS)
+        assert err.value.message.startswith(words), err.value.message
+
+
 def test_too_many_messages():
     with invalid("messages"):
         chat(messages=MSGS * 4).to_prompt(LIMITS)

@@ -106,3 +106,13 @@ async def test_sdk_authentication(make_stack, monkeypatch):
     finally:
         await bad.close()
         await good.close()
+
+
+async def test_sdk_stream_helper_assembles_every_choice(oai):
+    """The SDK's own stream helper (`chat.completions.stream`, which accumulates chunks by choice) builds from our
+    chunks the same choices as the answer without streaming."""
+    async with oai.chat.completions.stream(model=MODEL_ID, messages=MESSAGES, n=2, max_tokens=50) as stream:
+        final = await stream.get_final_completion()
+    whole = await oai.chat.completions.create(model=MODEL_ID, messages=MESSAGES, n=2, max_tokens=50)
+    assert [(c.index, c.message.content, c.finish_reason) for c in final.choices] == [
+        (c.index, c.message.content, c.finish_reason) for c in whole.choices]

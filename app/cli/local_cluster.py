@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from app.cli import ray_address
 from app.cli.ports import free_port
 
 STATE_DIR = Path(os.environ.get("APP_CLUSTER_DIR", Path.home() / ".cache" / "app-llm-serve" / "cluster"))
@@ -272,8 +273,9 @@ def lose_node(name: str, state_dir: Path = STATE_DIR) -> int:
 
 
 def down(state_dir: Path = STATE_DIR) -> int:
-    """Stops every node (the workers together, then the head) and kills whatever still carries the cluster's tag;
-    returns how many such leftovers there were."""
+    """Stops every node (the workers together, then the head), kills whatever still carries the cluster's tag and
+    removes the head's address from Ray's address file (app/cli/ray_address.py); returns how many leftovers there
+    were."""
     state_path = state_dir / "cluster.json"
     if not state_path.exists():
         return 0
@@ -281,6 +283,7 @@ def down(state_dir: Path = STATE_DIR) -> int:
     stop_nodes(state.nodes[1:])  # the workers together, while the head still answers them
     stop_nodes(state.nodes[:1])
     leftovers = _kill_all(_tagged(state.tag))
+    ray_address.forget(int(state.address.rsplit(":", 1)[1]), state.temp_dir)  # as `ray stop` does
     state_path.unlink()
     return leftovers
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.cli import local_cluster
+from app.cli import local_cluster, ray_address
 from loadkit.cluster import LocalCluster
 
 
@@ -23,5 +23,8 @@ def running_local_cluster(tmp: Path, workers: int = 2, env: dict[str, str] | Non
         yield LocalCluster(state_dir)
     finally:
         leftovers = local_cluster.down(state_dir=state_dir)
+        # `ray start --head` wrote its address there for a bare `ray.init()`; `down` removes it, as `ray stop` does
+        address_left = ray_address.address_file(str(temp_dir)).exists()
         shutil.rmtree(temp_dir, ignore_errors=True)
         assert leftovers == 0, f"{leftovers} process(es) of the local cluster outlived its nodes and were killed"
+        assert not address_left, "the stopped head's address was left in Ray's address file"

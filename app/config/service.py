@@ -3,12 +3,15 @@ every answer's usage reports."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from app.api_keys import API_KEYS_ENV, check_entry
 from app.config.common import StrictModel
+
+_ORIGIN = re.compile(r"https?://[^/\s?#]+")  # what a browser sends in `Origin`: no path, no trailing slash
 
 
 class ServiceConfig(StrictModel):
@@ -84,6 +87,13 @@ class ServiceConfig(StrictModel):
         "the engine's prefix cache held), as `vllm serve --enable-prompt-tokens-details` does; off, "
         "`prompt_tokens_details` is null, as vLLM's default. The Responses API's usage always reports them.",
     )
+    cors_allowed_origins: tuple[str, ...] = Field(
+        (),
+        description="Web origins whose pages may call the API from a browser (CORS), each `scheme://host[:port]`, "
+        "or `*` for any. Empty: no CORS headers, so browsers keep other sites' pages from reading answers. "
+        "`vllm serve` allows any origin by default; this service does not, because without API keys that would "
+        "let any web page a user opens use a service on their network.",
+    )
     colocate_ingress: bool = Field(
         True,
         description="With a single model on a single replica, serve HTTP from the engine replica itself: no Ray hop "
@@ -96,3 +106,12 @@ class ServiceConfig(StrictModel):
     @classmethod
     def _digests_well_formed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(map(check_entry, keys))
+
+    @field_validator("cors_allowed_origins")
+    @classmethod
+    def _origins_well_formed(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: write scheme://host[:port] with no path "
+                                 f"(https://chat.example.com), or '*' for any")
+        return origins

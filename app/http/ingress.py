@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -81,6 +82,14 @@ def create_app(
                                   if isinstance(r, APIRoute) and "{" not in r.path),
         room=state.has_room,
     )
+    if config.service.cors_allowed_origins:  # outermost: it answers a browser's preflight before the key check
+        api.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.service.cors_allowed_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],  # Authorization, Content-Type and the SDKs' x-stainless-* headers
+            expose_headers=["x-request-id", "retry-after"],
+        )
     return api
 
 

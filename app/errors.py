@@ -47,6 +47,10 @@ class UnsupportedParameter(InvalidRequest):
     code = "unsupported_parameter"
 
 
+class UnsupportedMediaType(InvalidRequest):  # a 400, as vLLM's server answers it
+    code = "unsupported_media_type"
+
+
 class Unauthorized(ServiceError):
     status = 401
     type = "authentication_error"

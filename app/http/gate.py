@@ -24,6 +24,7 @@ from app.errors import (
     ServiceUnavailable,
     TenantRateLimited,
     Unauthorized,
+    UnsupportedMediaType,
 )
 from app.http.capacity import Capacity
 from app.http.lifecycle import Lifecycle
@@ -61,6 +62,18 @@ def _capped(receive: Receive, max_body_bytes: int, too_large: Callable[[], Paylo
         return message
 
     return capped_receive
+
+
+def _not_json(headers: dict[bytes, bytes]) -> UnsupportedMediaType | None:
+    """A body declared as anything but JSON (`application/json`, or `application/<x>+json` as FastAPI reads it)."""
+    declared = headers.get(b"content-type", b"").decode("latin-1")
+    media = declared.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return UnsupportedMediaType(
+        f"Unsupported Media Type: only 'application/json' is allowed, and this request's body is "
+        f"{repr(declared) if declared else 'untyped'}; send the header 'Content-Type: application/json' (curl -d "
+        f"sends 'application/x-www-form-urlencoded' without it)")
 
 
 class Gate:
@@ -132,6 +145,8 @@ class Gate:
             self.metrics.retries_held.inc()
         if (err := self._refusal_before_body(tenant, path, headers.get(b"content-length", b""))):
             return await refuse(err)  # under overload most requests end here, before their body is read
+        if scope["method"] == "POST" and path in self.known_endpoints and (err := _not_json(headers)):
+            return await refuse(err)  # every POST route takes JSON; said before the body is read
         limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None
         if limited is not None:
             try:

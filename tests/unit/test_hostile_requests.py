@@ -5,6 +5,7 @@ outlive their time limit."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -222,3 +223,22 @@ async def test_a_request_past_its_time_limit_while_not_yet_answered_is_a_504(mak
     # /health waits on the engine's check (up to 5 s), past the gate's deadline (0.5 s + 2 s margin).
     r = await stack.client.get("/health")
     assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_a_body_not_typed_as_json_is_told_which_header_to_send(client, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    r = await client.post("/v1/chat/completions", content=json.dumps(chat_body()).encode(), headers=headers)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_media_type" and error["param"] is None
+    assert "Content-Type: application/json" in error["message"]
+    assert (repr(content_type) if content_type else "untyped") in error["message"]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8",
+                                          "application/vnd.api+json"])
+async def test_json_media_types_are_served(client, content_type):
+    r = await client.post("/v1/chat/completions", content=json.dumps(chat_body(max_tokens=2)).encode(),
+                          headers={"content-type": content_type})
+    assert r.status_code == 200, r.text

@@ -9,7 +9,7 @@ the host itself in the colocated replica and in tests, `rayserve.handle_backend.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
@@ -114,9 +115,7 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
         if err.status_code == 404:
-            return error_response(
-                NotFound(f"No route {request.method} {request.url.path}; see docs/api.md for the endpoints")
-            )
+            return error_response(NotFound(_no_route(request.method, request.url.path, request.app.routes)))
         if err.status_code == 405:
             return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
         if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader
@@ -134,3 +133,14 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
     async def _unexpected(request: Request, err: Exception) -> Response:
         log.exception("unexpected error on %s", request.url.path)
         return error_response(InternalError("The server hit an unexpected error; it has been logged"))
+
+
+def _no_route(method: str, path: str, app_routes: Sequence[BaseRoute]) -> str:
+    """The 404's message; where the path is a route's with `/v1` missing or doubled (a client's base URL without
+    `/v1`, or with it twice), it names the route meant."""
+    known = {r.path for r in app_routes if isinstance(r, APIRoute)}
+    meant = next((p for p in (f"/v1{path}", path.removeprefix("/v1")) if p != path and p in known), None)
+    if meant:
+        base_url = " (a client's base URL ends in /v1: http://host:port/v1)" if meant.startswith("/v1/") else ""
+        return f"No route {method} {path}; did you mean {meant}?{base_url}"
+    return f"No route {method} {path}; see docs/api.md for the endpoints"

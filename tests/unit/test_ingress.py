@@ -319,6 +319,16 @@ async def test_invalid_json_schema_400(client):
 async def test_unknown_route_404(client):
     err = error_of(await client.get("/v1/nothing-here"), 404)
     assert err["code"] == "not_found"
+    assert "did you mean" not in err["message"]
+
+
+@pytest.mark.parametrize(("path", "meant"), [("/chat/completions", "/v1/chat/completions"),
+                                             ("/v1/v1/chat/completions", "/v1/chat/completions"),
+                                             ("/v1/tokenize", "/tokenize")])
+async def test_a_route_missing_or_doubling_v1_is_named_in_the_404(client, path, meant):
+    err = error_of(await client.post(path, json=chat_body()), 404)
+    assert err["code"] == "not_found" and f"did you mean {meant}?" in err["message"]
+    assert ("base URL ends in /v1" in err["message"]) == meant.startswith("/v1/")
 
 
 async def test_wrong_method_405(client):

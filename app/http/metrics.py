@@ -122,10 +122,9 @@ class _Snapshot:
             "Requests waiting for an engine slot in the replica's admission queue.",
             lambda s: s.admission.waiting,
         ),
-        "app_requests_admitted": (
-            "Requests admitted into the engine by the replica.",
-            lambda s: s.admission.running,
-        ),
+        "app_requests_admitted": ("Requests admitted into the engine by the replica.", lambda s: s.admission.running),
+        "app_requests_aside": ("Requests out of the engine while their clients do not read.",
+                               lambda s: s.admission.aside),
         "app_token_budget_in_use": (
             "prompt + max_tokens of admitted requests.",
             lambda s: s.admission.tokens_in_use,

@@ -209,6 +209,8 @@ async def test_a_stream_whose_client_stops_reading_leaves_the_engine_long_before
         adm = stack.host.admission
         await until(lambda: (adm.stats().running, adm.stats().aside) == (0, 1), what="out of the engine")
         assert not stack.engine.running
+        metrics = (await stack.client.get("/metrics")).text
+        assert 'app_requests_aside{model_name="fake-model",replica="local"} 1.0' in metrics
         undisturbed = asyncio.create_task(stack.client.post("/v1/chat/completions",
                                                             json=chat_body(max_tokens=700, ignore_eos=True)))
         loop, raw = asyncio.get_running_loop(), b""

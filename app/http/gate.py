@@ -92,12 +92,14 @@ class Gate:
         metrics: Metrics,
         capacity: Capacity,
         known_endpoints: frozenset[str],
+        json_endpoints: frozenset[str],
         room: Callable[[], bool] | None = None,
     ):
         self.app = app
         self.room = room  # whether a model's replicas would take a request now: ends a hold early
         self.capacity = capacity
         self.known_endpoints = known_endpoints  # the routes' own paths: anything else is 'other' in metrics and logs
+        self.json_endpoints = json_endpoints  # the routes that take a JSON body by POST
         self.max_header_bytes, self.max_body_bytes = max_header_bytes, max_body_bytes
         self.metrics, self.echo_request_id, self.tenants = metrics, echo_request_id, tenants
         self.request_timeout_s = request_timeout_s
@@ -145,8 +147,8 @@ class Gate:
             self.metrics.retries_held.inc()
         if (err := self._refusal_before_body(tenant, path, headers.get(b"content-length", b""))):
             return await refuse(err)  # under overload most requests end here, before their body is read
-        if scope["method"] == "POST" and path in self.known_endpoints and (err := _not_json(headers)):
-            return await refuse(err)  # every POST route takes JSON; said before the body is read
+        if scope["method"] == "POST" and path in self.json_endpoints and (err := _not_json(headers)):
+            return await refuse(err)  # said before the body is read; a POST to a GET route stays a 405
         limited = tenant if path in CAPACITY_ENDPOINTS and tenant and self.capacity.limits.limited(tenant) else None
         if limited is not None:
             try:

@@ -9,7 +9,7 @@ the host itself in the colocated replica and in tests, `rayserve.handle_backend.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,7 +17,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import BaseRoute
 
 from app.config.app_config import AppConfig
 from app.errors import InternalError, InvalidRequest, MethodNotAllowed, NotFound, ServiceError
@@ -62,7 +61,11 @@ def create_app(
         behind_serve_proxy=behind_serve_proxy,
     )
     api.state.ingress = state
-    _add_error_handlers(api, state)
+    api_routes = [r for r in (*routes.router.routes, *model_routes.router.routes, *ops_routes.router.routes)
+                  if isinstance(r, APIRoute)]
+    # Templated paths (/v1/models/{id}) count as 'other': the metrics' label set stays bounded.
+    known_endpoints = frozenset(r.path for r in api_routes if "{" not in r.path)
+    _add_error_handlers(api, state, known_endpoints)
     api.include_router(routes.router)
     api.include_router(model_routes.router)
     api.include_router(ops_routes.router)
@@ -77,10 +80,8 @@ def create_app(
         echo_request_id=not behind_serve_proxy,
         metrics=state.metrics,
         capacity=state.capacity,
-        # Templated paths (/v1/models/{id}) count as 'other': the metrics' label set stays bounded.
-        known_endpoints=frozenset(r.path for r in (*routes.router.routes, *model_routes.router.routes,
-                                                         *ops_routes.router.routes)
-                                  if isinstance(r, APIRoute) and "{" not in r.path),
+        known_endpoints=known_endpoints,
+        json_endpoints=frozenset(r.path for r in api_routes if "POST" in r.methods),  # each POST route takes JSON
         room=state.has_room,
     )
     if config.service.cors_allowed_origins:  # outermost: it answers a browser's preflight before the key check
@@ -94,7 +95,7 @@ def create_app(
     return api
 
 
-def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
+def _add_error_handlers(api: FastAPI, state: IngressState, known_endpoints: frozenset[str]) -> None:
     """Every error in the OpenAI shape, with its real status; never a bare 500 or FastAPI's own shape."""
 
     @api.exception_handler(ServiceError)
@@ -115,7 +116,7 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, err: StarletteHTTPException) -> Response:
         if err.status_code == 404:
-            return error_response(NotFound(_no_route(request.method, request.url.path, request.app.routes)))
+            return error_response(NotFound(_no_route(request.method, request.url.path, known_endpoints)))
         if err.status_code == 405:
             return error_response(MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}"))
         if isinstance(err.__cause__, ServiceError):  # e.g. Gate's PayloadTooLarge, wrapped by FastAPI's body reader
@@ -135,10 +136,9 @@ def _add_error_handlers(api: FastAPI, state: IngressState) -> None:
         return error_response(InternalError("The server hit an unexpected error; it has been logged"))
 
 
-def _no_route(method: str, path: str, app_routes: Sequence[BaseRoute]) -> str:
+def _no_route(method: str, path: str, known: frozenset[str]) -> str:
     """The 404's message; where the path is a route's with `/v1` missing or doubled (a client's base URL without
     `/v1`, or with it twice), it names the route meant."""
-    known = {r.path for r in app_routes if isinstance(r, APIRoute)}
     meant = next((p for p in (f"/v1{path}", path.removeprefix("/v1")) if p != path and p in known), None)
     if meant:
         base_url = " (a client's base URL ends in /v1: http://host:port/v1)" if meant.startswith("/v1/") else ""

@@ -334,6 +334,8 @@ async def test_a_route_missing_or_doubling_v1_is_named_in_the_404(client, path, 
 async def test_wrong_method_405(client):
     err = error_of(await client.get("/v1/chat/completions"), 405)
     assert err["code"] == "method_not_allowed"
+    for path in ("/v1/models", "/health"):  # a POST without a body's type to a GET route: the method is what's wrong
+        assert error_of(await client.post(path), 405)["code"] == "method_not_allowed"
 
 
 async def test_body_too_large_413(make_stack):

@@ -28,8 +28,9 @@ def _watched(base_url: str) -> dict[str, float]:
     figures: dict[str, float] = {}
     for line in httpx.get(f"{base_url}/metrics", timeout=10).text.splitlines():
         if line.startswith(WATCHED) and 'outcome="resumed"' not in line:
-            name, value = line.rsplit(" ", 1)
-            figures[name.split("{")[0]] = figures.get(name.split("{")[0], 0.0) + float(value)
+            series, value = line.rsplit(" ", 1)
+            name = series.split("{")[0]
+            figures[name] = figures.get(name, 0.0) + float(value)
     return figures
 
 

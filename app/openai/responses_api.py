@@ -19,7 +19,7 @@ from app.openai.chat import ChatCompletionRequest
 from app.openai.json_depth import BoundedBody
 
 # Accepted and without effect (docs/api.md).
-IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier")
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
 UNSUPPORTED_PARAMETERS = (
     "background", "conversation", "include", "max_tool_calls", "prompt", "reasoning", "top_logprobs", "truncation",
@@ -117,6 +117,7 @@ class ResponsesRequest(BoundedBody):
     text: TextConfig | None = None
     stream: bool = False
     previous_response_id: str | None = None
+    prompt_cache_key: str | None = None  # a routing hint, passed on to the chat request
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> ResponsesRequest:
@@ -182,6 +183,7 @@ class ResponsesRequest(BoundedBody):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "stream": self.stream,
+            "prompt_cache_key": self.prompt_cache_key,
             "response_format": self._response_format(),
             "parallel_tool_calls": self.parallel_tool_calls,
             "tool_choice": {"type": "function", "function": {"name": choice.name}}

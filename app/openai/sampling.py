@@ -28,7 +28,7 @@ from app.openai.sampling_bounds import (
 from app.openai.structured_outputs import StructuredOutputs
 
 # Accepted for compatibility and deliberately without effect (documented in docs/api.md).
-IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier")
+IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier")
 
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
@@ -64,6 +64,8 @@ class SamplingRequest(BoundedBody):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # OpenAI's cache hint: a routing hint as X-Session-Id is (which wins when both are sent).
+    prompt_cache_key: str | None = None
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
     # vLLM's sampling and decoding extensions (the openai SDK sends them through `extra_body`), with vLLM's types
     # and defaults; see docs/api.md.
@@ -123,6 +125,7 @@ class SamplingRequest(BoundedBody):
                     value in (None, [], {}, False)
                     or (name == "tool_choice" and value == "none")
                     or (name == "best_of" and value == 1)
+                    or (name == "modalities" and value == ["text"])  # the one modality there is
                 ):
                     continue
                 raise UnsupportedParameter(

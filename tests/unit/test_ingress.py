@@ -303,6 +303,27 @@ async def test_ignored_and_empty_tool_fields_accepted(client):
     assert resp.status_code == 200, resp.text
 
 
+@pytest.mark.parametrize("headers, body, hint", [
+    ({}, {"prompt_cache_key": "conv-7"}, "conv-7"),  # OpenAI's parameter, as agent frameworks send it
+    ({"X-Session-Id": "s-1"}, {"prompt_cache_key": "conv-7"}, "s-1"),  # the header wins
+    ({}, {}, ""),
+])
+async def test_the_routing_hint_reaches_the_engine_request(stack, monkeypatch, headers, body, hint):
+    seen: list[str] = []
+    generate = stack.host.generate
+
+    def recording(request, client=None):
+        seen.append(request.session_id)
+        return generate(request, client)
+
+    monkeypatch.setattr(stack.host, "generate", recording)
+    resp = await stack.client.post("/v1/chat/completions", json=chat_body(**body), headers=headers)
+    assert resp.status_code == 200, resp.text
+    resp = await stack.client.post("/v1/responses", json={"model": MODEL_ID, "input": "Hi", **body}, headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert seen == [hint, hint]
+
+
 async def test_context_length_exceeded_400(client):
     err = error_of(await client.post("/v1/chat/completions", json=chat_body("x" * 200, max_tokens=100)), 400)
     assert err["code"] == "context_length_exceeded"

@@ -129,6 +129,7 @@ def test_unknown_field_refused_by_name():
     ("functions", [{"name": "f"}]),
     ("best_of", 2),
     ("suffix", "end"),
+    ("modalities", ["text", "audio"]),
 ])
 def test_unsupported_parameters_refused(name, value):
     with invalid(name, UnsupportedParameter) as info:
@@ -139,12 +140,12 @@ def test_unsupported_parameters_refused(name, value):
 
 def test_no_op_tool_fields_accepted():
     # (tools themselves: tests/unit/test_tool_calls.py; `tools: []` is a 400 there, as in vLLM)
-    req = chat(tool_choice="none", best_of=1, parallel_tool_calls=None)
+    req = chat(tool_choice="none", best_of=1, parallel_tool_calls=None, modalities=["text"])
     assert req.to_params(LIMITS).max_tokens == 20
 
 
 def test_ignored_parameters_accepted():
-    req = chat(user="alice", metadata={"k": "v"}, store=False, service_tier="auto")
+    req = chat(user="alice", metadata={"k": "v"}, store=False, service_tier="auto", safety_identifier="h-1")
     assert req.to_params(LIMITS).max_tokens == 20
     assert completion(user="bob").to_prompt(LIMITS) == PromptInput(text="hi")
 

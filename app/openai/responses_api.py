@@ -26,6 +26,7 @@ UNSUPPORTED_PARAMETERS = (
     "stream_options", "context_management", "prompt_cache_retention",
 )
 _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
+_NO_OBFUSCATION = {"include_obfuscation": False}  # what this service does anyway: no padding fields in events
 
 
 class _Strict(BaseModel):
@@ -125,7 +126,7 @@ class ResponsesRequest(BoundedBody):
             if name in IGNORED_PARAMETERS:
                 continue
             if name in UNSUPPORTED_PARAMETERS:
-                if value in _NO_OP_VALUES:
+                if value in _NO_OP_VALUES or (name == "stream_options" and value == _NO_OBFUSCATION):
                     continue
                 raise UnsupportedParameter(
                     f"'{name}' is not supported by this service's Responses API; remove it (see docs/api.md)",

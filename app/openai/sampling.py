@@ -44,6 +44,7 @@ UNSUPPORTED_PARAMETERS = (
     "modalities",
     "prediction",
     "reasoning_effort",
+    "verbosity",
     "web_search_options",
     "best_of",
     "suffix",
@@ -293,6 +294,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM extension
+    include_obfuscation: Literal[False] | None = None  # OpenAI's padding against length side channels: none here
 
 
 SamplingRequest.model_rebuild()

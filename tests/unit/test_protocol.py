@@ -130,6 +130,7 @@ def test_unknown_field_refused_by_name():
     ("best_of", 2),
     ("suffix", "end"),
     ("modalities", ["text", "audio"]),
+    ("verbosity", "low"),
 ])
 def test_unsupported_parameters_refused(name, value):
     with invalid(name, UnsupportedParameter) as info:
@@ -237,6 +238,10 @@ def test_include_usage():
     assert chat(stream=True).include_usage is False
     with pytest.raises(ValidationError):
         chat(stream_options={"include_usage": True, "bogus": 1})
+    # OpenAI's padding of stream chunks: none here, so `false` is accepted and `true` refused.
+    assert chat(stream=True, stream_options={"include_usage": True, "include_obfuscation": False}).include_usage
+    with pytest.raises(ValidationError):
+        chat(stream=True, stream_options={"include_obfuscation": True})
 
 
 def test_sampling_params_pass_through():

@@ -143,6 +143,7 @@ async def test_required_tools_call(oai):
      "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"stream_options": {"include_obfuscation": True}}, "stream_options"),  # asks for padding this service lacks
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"input": "x" * 300}, "input"),  # past the fake model's context: the length contract names `input`
 ])
@@ -153,6 +154,12 @@ async def test_refusals_are_openai_shaped_400s_naming_the_parameter(oai, kwargs,
         await oai.responses.create(stream=stream, **kwargs)
     assert err.value.status_code == 400
     assert err.value.body["param"] == param or str(err.value.body["param"]).startswith(param), err.value.body
+
+
+async def test_stream_options_without_obfuscation_is_what_the_service_does_anyway(oai):
+    events = [e.type async for e in await oai.responses.create(
+        model=MODEL_ID, input="Hello", stream=True, stream_options={"include_obfuscation": False})]
+    assert events[-1] == "response.completed"
 
 
 async def test_store_and_metadata_are_accepted_and_nothing_is_stored(oai):

@@ -177,6 +177,8 @@ class ResponsesRequest(BoundedBody):
     def to_chat(self) -> ChatCompletionRequest:
         """The chat request this response is served as. A chat-side refusal names the Responses parameter."""
         choice = self.tool_choice
+        if not self.tools and choice in ("auto", "none"):
+            choice = None  # `tools: []` (as agent SDKs send, with tool_choice "auto"): a request without tools
         body: dict[str, Any] = {
             "model": self.model,
             "messages": self._messages(),
@@ -190,7 +192,7 @@ class ResponsesRequest(BoundedBody):
             "tool_choice": {"type": "function", "function": {"name": choice.name}}
             if isinstance(choice, FunctionChoice) else choice,
             "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
-                      for t in self.tools] if self.tools is not None else None,
+                      for t in self.tools] if self.tools else None,
         }
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})

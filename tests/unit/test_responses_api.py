@@ -14,6 +14,7 @@ import pytest
 
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
+from app.errors import InvalidRequest
 from app.openai.responses_api import ResponsesRequest
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, Stack, listening, make_config
@@ -154,6 +155,35 @@ async def test_refusals_are_openai_shaped_400s_naming_the_parameter(oai, kwargs,
         await oai.responses.create(stream=stream, **kwargs)
     assert err.value.status_code == 400
     assert err.value.body["param"] == param or str(err.value.body["param"]).startswith(param), err.value.body
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none"])
+def test_an_empty_tools_list_is_a_request_without_tools(tool_choice):
+    # What the OpenAI Agents SDK sends for an agent without tools (OpenAI's API takes it; chat's `tools: []` is a 400).
+    chat = ResponsesRequest(model=MODEL_ID, input="Hi", tools=[], tool_choice=tool_choice).to_chat()
+    assert chat.tools is None and chat.tool_choice is None
+
+
+def test_an_empty_tools_list_with_a_call_required_is_refused():
+    with pytest.raises(InvalidRequest) as err:
+        ResponsesRequest(model=MODEL_ID, input="Hi", tools=[], tool_choice="required").to_chat()
+    assert err.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_openai_agents_sdk_agent_without_tools_is_answered(oai, streamed):
+    import agents
+
+    agents.set_tracing_disabled(True)  # the SDK's tracing would export to OpenAI
+    agent = agents.Agent(name="a", instructions="Be brief.", model=agents.OpenAIResponsesModel(
+        model=MODEL_ID, openai_client=oai))  # the SDK's default model kind, which sends `tools: []`
+    if streamed:
+        run = agents.Runner.run_streamed(agent, "Hello")
+        async for _ in run.stream_events():
+            pass
+        assert run.final_output == ANSWER
+    else:
+        assert (await agents.Runner.run(agent, "Hello")).final_output == ANSWER
 
 
 async def test_stream_options_without_obfuscation_is_what_the_service_does_anyway(oai):

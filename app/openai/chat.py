@@ -81,6 +81,9 @@ class ChatCompletionRequest(SamplingRequest):
     )
     echo: bool = Field(False, description="vLLM extension: the answer starts with the final message's content "
                                           "when that message is the assistant's.")
+    # As vLLM passes it: to the chat template as `reasoning_effort`, with `enable_thinking` (unless the request's
+    # chat_template_kwargs set it), for templates of reasoning models; a template without them ignores both.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
     @field_validator("n", mode="before")
     @classmethod
@@ -185,7 +188,14 @@ class ChatCompletionRequest(SamplingRequest):
         return self._truncating(PromptInput(messages=tuple(m.for_template() for m in self.messages), tools=tools,
                                             add_generation_prompt=self.add_generation_prompt,
                                             continue_final_message=self.continue_final_message,
-                                            template_kwargs=tuple(sorted((self.chat_template_kwargs or {}).items()))))
+                                            template_kwargs=tuple(sorted(self._template_kwargs().items()))))
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return kwargs
 
     def _tool_params(self, tool_call_parser: str | None) -> dict[str, Any]:
         forced = self.forced_tool_choice

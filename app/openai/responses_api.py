@@ -22,7 +22,7 @@ from app.openai.json_depth import BoundedBody
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier")
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
 UNSUPPORTED_PARAMETERS = (
-    "background", "conversation", "include", "max_tool_calls", "prompt", "reasoning", "top_logprobs", "truncation",
+    "background", "conversation", "include", "max_tool_calls", "prompt", "top_logprobs", "truncation",
     "stream_options", "context_management", "prompt_cache_retention",
 )
 _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
@@ -98,6 +98,13 @@ class TextFormat(_Strict):
     description: str | None = None
 
 
+class Reasoning(_Strict):
+    """Chat's `reasoning_effort`, for the chat template. No reasoning items are returned, so none is summarized."""
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: None = None
+    generate_summary: None = None
+
+
 class TextConfig(_Strict):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; no effect here
@@ -116,6 +123,7 @@ class ResponsesRequest(BoundedBody):
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: Reasoning | None = None
     stream: bool = False
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None  # a routing hint, passed on to the chat request
@@ -187,6 +195,7 @@ class ResponsesRequest(BoundedBody):
             "top_p": self.top_p,
             "stream": self.stream,
             "prompt_cache_key": self.prompt_cache_key,
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
             "response_format": self._response_format(),
             "parallel_tool_calls": self.parallel_tool_calls,
             "tool_choice": {"type": "function", "function": {"name": choice.name}}
@@ -223,6 +232,7 @@ def summary(body: ResponsesRequest) -> dict[str, Any]:
         "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
         if body.text and body.text.format else {"format": {"type": "text"}},
         "previous_response_id": None,
+        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         "store": False,
         "metadata": json.loads(json.dumps((body.model_extra or {}).get("metadata") or {})),
     }

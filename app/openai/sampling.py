@@ -43,7 +43,7 @@ UNSUPPORTED_PARAMETERS = (
     "audio",
     "modalities",
     "prediction",
-    "reasoning_effort",
+    "reasoning_effort",  # chat's is a field (app/openai/chat.py): this is completions'
     "verbosity",
     "web_search_options",
     "best_of",

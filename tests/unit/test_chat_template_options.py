@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from app.openai.chat import MAX_TEMPLATE_KWARGS_CHARS
+from app.config.model import LimitsConfig
+from app.openai.chat import MAX_TEMPLATE_KWARGS_CHARS, ChatCompletionRequest
 from tests.support import sse
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MODEL_ID, chat_body
@@ -62,6 +63,24 @@ async def test_chat_template_kwargs_reach_the_template_within_bounds(client):
     huge = {"note": "x" * (MAX_TEMPLATE_KWARGS_CHARS + 1)}
     await _refused(client, "chat_template_kwargs", messages=STORY, chat_template_kwargs=huge)
     await _refused(client, "chat_template_kwargs", messages=STORY, chat_template_kwargs=["not", "a", "map"])
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ({"reasoning_effort": "low"}, {"reasoning_effort": "low", "enable_thinking": True}),
+    ({"reasoning_effort": "none"}, {"reasoning_effort": "none", "enable_thinking": False}),
+    # The request's own enable_thinking stays, as in vLLM.
+    ({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}},
+     {"reasoning_effort": "high", "enable_thinking": False}),
+    ({}, {}),
+])
+def test_reasoning_effort_reaches_the_template_as_vllm_passes_it(extra, expected):
+    request = ChatCompletionRequest.model_validate({"model": MODEL_ID, "messages": STORY[:1], **extra})
+    assert dict(request.to_prompt(LimitsConfig()).template_kwargs) == expected
+
+
+async def test_reasoning_effort_is_answered_and_a_bad_one_refused(client):
+    assert await _prompt_tokens(client, reasoning_effort="low") > await _prompt_tokens(client)
+    await _refused(client, "reasoning_effort", messages=STORY, reasoning_effort="extreme")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -143,7 +143,7 @@ async def test_required_tools_call(oai):
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": 5}}], "tool_choice": "required"},
      "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "high", "summary": "auto"}}, "reasoning"),  # no reasoning items to summarize
     ({"stream_options": {"include_obfuscation": True}}, "stream_options"),  # asks for padding this service lacks
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"input": "x" * 300}, "input"),  # past the fake model's context: the length contract names `input`
@@ -184,6 +184,13 @@ async def test_an_openai_agents_sdk_agent_without_tools_is_answered(oai, streame
         assert run.final_output == ANSWER
     else:
         assert (await agents.Runner.run(agent, "Hello")).final_output == ANSWER
+
+
+async def test_a_reasoning_effort_goes_to_the_template_as_chat_s(oai):
+    chat = ResponsesRequest(model=MODEL_ID, input="Hi", reasoning={"effort": "low"}).to_chat()
+    assert chat.reasoning_effort == "low"
+    response = await oai.responses.create(model=MODEL_ID, input="Hello", reasoning={"effort": "low"})
+    assert response.status == "completed" and response.reasoning.effort == "low"
 
 
 async def test_stream_options_without_obfuscation_is_what_the_service_does_anyway(oai):

@@ -25,6 +25,8 @@ from app.openai.sampling import (
 from app.openai.structured_outputs import not_too_deep
 from app.openai.tool_calls import forced_schema
 
+# vLLM's values of OpenAI's `reasoning_effort`.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 # chat_template_kwargs (vLLM: unbounded): variables for the template, not a second prompt.
 MAX_TEMPLATE_KWARGS_CHARS = 8_192
 # What the template is called with already; a kwarg of the same name would replace the request's own.
@@ -83,7 +85,7 @@ class ChatCompletionRequest(SamplingRequest):
                                           "when that message is the assistant's.")
     # As vLLM passes it: to the chat template as `reasoning_effort`, with `enable_thinking` (unless the request's
     # chat_template_kwargs set it), for templates of reasoning models; a template without them ignores both.
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
     @field_validator("n", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import InvalidRequest, UnsupportedParameter
-from app.openai.chat import ChatCompletionRequest
+from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
 
 # Accepted and without effect (docs/api.md).
@@ -100,7 +100,7 @@ class TextFormat(_Strict):
 
 class Reasoning(_Strict):
     """Chat's `reasoning_effort`, for the chat template. No reasoning items are returned, so none is summarized."""
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    effort: ReasoningEffort | None = None
     summary: None = None
     generate_summary: None = None
 

@@ -2,7 +2,8 @@
 
 A Responses request is served as the chat completion it describes: `instructions` become the system message,
 `input` (text, or a list of messages, function calls and function call outputs) the conversation, function tools
-chat's tools, `max_output_tokens` chat's `max_tokens`, `text.format` chat's `response_format`. So admission,
+chat's tools, `max_output_tokens` chat's `max_tokens`, `text.format` chat's `response_format`, `reasoning.effort`
+chat's `reasoning_effort`, and vLLM's sampling extensions pass as they are. So admission,
 limits, the length contract, tool forcing and abort-on-disconnect are chat's, unchanged. Stateless: nothing is
 stored (`store` is accepted and has no effect) and `previous_response_id` is refused.
 """
@@ -24,6 +25,12 @@ IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_ident
 UNSUPPORTED_PARAMETERS = (
     "background", "conversation", "include", "max_tool_calls", "prompt", "top_logprobs", "truncation",
     "stream_options", "context_management", "prompt_cache_retention",
+)
+# vLLM's sampling and template extensions that its own Responses API takes: passed to the chat request, which checks
+# them as chat does (a refusal names the same parameter).
+CHAT_PARAMETERS = (
+    "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
+    "logit_bias", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "chat_template_kwargs",
 )
 _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
 _NO_OBFUSCATION = {"include_obfuscation": False}  # what this service does anyway: no padding fields in events
@@ -131,7 +138,7 @@ class ResponsesRequest(BoundedBody):
     @model_validator(mode="after")
     def _refuse_unknown(self) -> ResponsesRequest:
         for name, value in (self.model_extra or {}).items():
-            if name in IGNORED_PARAMETERS:
+            if name in IGNORED_PARAMETERS or name in CHAT_PARAMETERS:
                 continue
             if name in UNSUPPORTED_PARAMETERS:
                 if value in _NO_OP_VALUES or (name == "stream_options" and value == _NO_OBFUSCATION):
@@ -203,6 +210,7 @@ class ResponsesRequest(BoundedBody):
             "tools": [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                       for t in self.tools] if self.tools else None,
         }
+        body.update((k, v) for k, v in (self.model_extra or {}).items() if k in CHAT_PARAMETERS)
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         except ValidationError as err:

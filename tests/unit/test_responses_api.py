@@ -186,6 +186,19 @@ async def test_an_openai_agents_sdk_agent_without_tools_is_answered(oai, streame
         assert (await agents.Runner.run(agent, "Hello")).final_output == ANSWER
 
 
+async def test_vllm_s_sampling_extensions_are_taken_as_vllm_s_responses_api_takes_them(oai):
+    extensions = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "stop": ["fake"],
+                  "presence_penalty": 0.5, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
+    chat = ResponsesRequest(model=MODEL_ID, input="Hi", **extensions).to_chat()
+    assert {k: getattr(chat, k) for k in extensions} == extensions
+    answered = {k: v for k, v in extensions.items() if k != "ignore_eos"}  # with it the answer runs to its limit
+    response = await oai.responses.create(model=MODEL_ID, input="Hello", extra_body=answered)
+    assert response.status == "completed" and "fake" not in response.output_text  # cut at the stop string
+    with pytest.raises(openai.BadRequestError) as err:  # checked as chat checks it, named as sent
+        await oai.responses.create(model=MODEL_ID, input="Hello", extra_body={"top_k": -5})
+    assert err.value.body["param"] == "top_k"
+
+
 async def test_a_reasoning_effort_goes_to_the_template_as_chat_s(oai):
     chat = ResponsesRequest(model=MODEL_ID, input="Hi", reasoning={"effort": "low"}).to_chat()
     assert chat.reasoning_effort == "low"

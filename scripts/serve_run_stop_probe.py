@@ -15,6 +15,7 @@ Run it from the repository root with nothing listening on port 8000 (the config'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pty
 import select
@@ -27,15 +28,23 @@ import psutil
 HEALTH = "http://127.0.0.1:8000/health"
 
 
+def _in_session(session: int) -> list[psutil.Process]:
+    """The processes still in `session` (the pty child's: serve run, Ray and the replicas' vLLM processes)."""
+    def sid_of(pid: int) -> int | None:
+        with contextlib.suppress(OSError):
+            return os.getsid(pid)
+        return None
+    return [p for p in psutil.process_iter(["cmdline"]) if sid_of(p.pid) == session]
+
+
 def _vllm_processes(session: int) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if os.getsid(p.pid) == session and any("VLLM::" in part for part in p.info["cmdline"] or []):
-                found.append(p)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return found
+    return [p for p in _in_session(session) if any("VLLM::" in part for part in p.info["cmdline"] or [])]
+
+
+def _signal_all(processes: list[psutil.Process], kill: bool) -> None:
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            (p.kill if kill else p.terminate)()
 
 
 def _read(fd: int, seconds: float) -> None:
@@ -78,12 +87,7 @@ def main() -> None:
     elif args.stop == "sigterm":
         os.kill(pid, signal.SIGTERM)
     else:
-        for p in psutil.process_iter():
-            try:
-                if os.getsid(p.pid) == pid:
-                    p.terminate()
-            except (ProcessLookupError, psutil.Error):
-                continue
+        _signal_all(_in_session(pid), kill=False)
     status = None
     while time.monotonic() - stopped < 120:
         _read(fd, 1)
@@ -96,12 +100,7 @@ def main() -> None:
         left = _vllm_processes(pid)
         print(f"{time.monotonic() - stopped:.0f} s after: vLLM processes left: "
               f"{[(p.pid, p.info['cmdline'][0]) for p in left]}", flush=True)
-    for p in psutil.process_iter():  # whatever the probe's run left, by its session
-        try:
-            if os.getsid(p.pid) == pid:
-                p.kill()
-        except (ProcessLookupError, psutil.Error):
-            continue
+    _signal_all(_in_session(pid), kill=True)  # whatever the probe's run left, by its session
 
 
 if __name__ == "__main__":

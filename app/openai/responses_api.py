@@ -18,9 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
+from app.openai.sampling import IGNORED_PARAMETERS  # chat's: accepted and without effect (docs/api.md)
 
-# Accepted and without effect (docs/api.md).
-IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier")
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
 UNSUPPORTED_PARAMETERS = (
     "background", "conversation", "include", "max_tool_calls", "prompt", "top_logprobs", "truncation",

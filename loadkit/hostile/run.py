@@ -41,9 +41,9 @@ config generated from configs/cpu.yaml (a free port, a generated API key, connec
 run short: header 5 s, body 10 s, keep-alive 10 s, write stall 10 s) and stops it at the end, leaving no process
 behind; with --url it drives a running service (tell it that service's clocks with the --*-timeout flags).
 
-While a polite client in its own process sends one short chat a second, one client process opens, at once:
---non-readers streams it never reads, --idle connections that send nothing, --slowloris connections sending one
-header byte every --slowloris-interval seconds, --huge-headers header blocks of --huge-header-mb MiB,
+While a polite client in its own process sends one short chat a second (--polite-interval), one client process
+opens, at once: --non-readers streams it never reads, --idle connections that send nothing, --slowloris connections
+sending one header byte every --slowloris-interval seconds, --huge-headers header blocks of --huge-header-mb MiB,
 --giant-prompts prompts of --giant-prompt-kb KB and a /tokenize flood; after --duration seconds it closes them
 all, waits for the service to be idle and asks it the capital of France. Prints PASS/FAIL per target, writes the
 whole result as JSON into --work-dir and the report into docs/hostile.md (--output - : print only).
@@ -62,6 +62,7 @@ _PLAN_FLAGS = {  # flag -> (Plan field, type, scale from the flag's unit to the 
     "huge_header_mb": ("huge_header_bytes", float, 2**20), "giant_prompts": ("giant_prompts", int, 1),
     "giant_prompt_kb": ("giant_prompt_bytes", float, 1000), "tokenize_clients": ("tokenize_clients", int, 1),
     "tokenize_requests": ("tokenize_requests", int, 1), "polite_timeout": ("polite_timeout_s", float, 1),
+    "polite_interval": ("polite_interval_s", float, 1),
     "serve_grace": ("serve_grace_s", float, 1),
 }
 _CLOCK_FLAGS = ("header_timeout", "body_timeout", "keep_alive_timeout", "write_stall_timeout")

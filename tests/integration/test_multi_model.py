@@ -163,17 +163,17 @@ def test_http_goes_through_the_serve_proxy_when_asked(multi):
     assert "HTTP answered by the Serve proxy" in multi.log_path.read_text(errors="replace")
 
 
-def _workers_cores(service) -> list[set[int]]:
-    """The cores each model's vLLM CPU worker is bound to (its main thread is one of its OpenMP threads): the
-    children of each EngineCore, found as `engine_cores` finds them, not by vLLM's process title (a CI run of
-    2026-12-02 found no process titled VLLM::Worker, as earlier ones found none titled VLLM::EngineCore)."""
-    return [set(os.sched_getaffinity(w.pid)) for model in (MODEL, SECOND_MODEL)
-            for core in engine_cores(service, model) for w in core.children()]
+def _compute_cores(service) -> list[set[int]]:
+    """The cores each model's engine computes on: its EngineCore's main thread (on the CPU the EngineCore computes
+    itself, app/engine/cpu/openmp.py binding it), found as `engine_cores` finds them, not by vLLM's process title (a
+    CI run of 2026-12-02 found none titled VLLM::EngineCore)."""
+    return [set(os.sched_getaffinity(core.pid)) for model in (MODEL, SECOND_MODEL)
+            for core in engine_cores(service, model)]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_two_engines_on_one_host_compute_on_cores_of_their_own(multi):
     planned = [set(multi.stats(m)["engine"]["compute_cores"]) for m in (MODEL, SECOND_MODEL)]
     assert all(planned) and not planned[0] & planned[1], planned  # app/engine/cpu/claims.py
-    bound = _workers_cores(multi)
+    bound = _compute_cores(multi)
     assert len(bound) == 2 and not bound[0] & bound[1], bound

@@ -89,25 +89,29 @@ def test_every_port_the_service_opens_is_on_loopback(service):
     assert exposed == []
 
 
-def test_the_replica_and_engine_core_keep_off_the_compute_cores(service):
-    """On the CPU, vLLM binds its worker's compute threads to some cores; the replica (HTTP, token streaming)
-    and the EngineCore are moved to the others, so they never preempt the computation."""
+def test_the_engine_core_computes_itself_and_the_front_end_keeps_off_its_core(service):
+    """On the CPU the EngineCore computes itself (no worker process to start: app/engine/vllm/to_vllm.py), its
+    main thread bound to the planned compute core (app/engine/cpu/openmp.py); the replica (HTTP, token streaming)
+    and the EngineCore's other threads (requests in, outputs out) are moved to the other cores, so they never
+    preempt the computation."""
     tree = psutil.Process(service.proc.pid).children(recursive=True)
-    workers = [p for p in tree if "VLLM::Worker" in p.name()]
-    if len(psutil.Process().cpu_affinity()) < 2 or not workers:
-        pytest.skip("one core only, or no bound compute worker")
-    compute = set().union(*(p.cpu_affinity() for p in workers))
+    assert not [p for p in tree if "VLLM::Worker" in p.name()]
+    planned = set(service.stats()["engine"]["compute_cores"])
+    everything = set(psutil.Process().cpu_affinity())
+    if len(everything) < 2 or len(planned) != 1:
+        pytest.skip("one core only, or more than one compute thread (the EngineCore's threads stay together)")
     def titled(p: psutil.Process, mark: str) -> bool:
         return mark in p.name() + " ".join(p.cmdline())  # process titles can outgrow the 15-character name
 
     replica = next(p for p in tree if titled(p, "ServeReplica"))
     engine_core = engine_core_of(replica)
     assert engine_core is not None
-    everything = set(psutil.Process().cpu_affinity())
-    assert compute < everything
-    for process in (replica, engine_core):
-        for thread in process.threads():
-            assert set(os.sched_getaffinity(thread.id)).isdisjoint(compute), (process.name(), thread.id)
+    assert planned < everything
+    assert set(os.sched_getaffinity(engine_core.pid)) == planned  # its main thread computes
+    others = [t.id for t in replica.threads()] + [t.id for t in engine_core.threads() if t.id != engine_core.pid]
+    assert others
+    for thread in others:
+        assert set(os.sched_getaffinity(thread)).isdisjoint(planned), thread
 
 
 def test_the_private_ray_runs_quietly(service):

@@ -13,6 +13,7 @@ from vllm.outputs import CompletionOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from app.engine.cpu.core_plan import CorePlan
 from app.engine.interface import EngineDead, EngineFailed, EngineRejected, GenerationParams
 from app.engine.vllm import engine as vllm_engine
 from app.engine.vllm.from_vllm import choice_delta, finite, token_logprobs
@@ -284,9 +285,29 @@ def test_an_eager_cpu_engine_starts_with_nothing_left_to_compile(model_config, m
 
     monkeypatch.setattr(vllm_engine.os, "environ", {})  # start() writes the engine's environment: not this process's
     monkeypatch.setattr(vllm_engine, "AsyncLLM", StubLLM)
-    monkeypatch.setattr(vllm_engine, "plan_own_cores", lambda world_size: (type("Plan", (), {
-        "env": {}, "warnings": ()})(), None))
+    monkeypatch.setattr(vllm_engine, "plan_own_cores", lambda world_size: (CorePlan(((0,),), (1,), (0, 1), "x"), None))
     config = model_config.model_copy(update={"engine": model_config.engine.model_copy(update={"enforce_eager": eager})})
     with pytest.raises(_Started):
         vllm_engine.VLLMEngine(config).start()
     assert seen["dynamo"] == ("1" if eager else None)
+
+
+def test_the_engine_core_is_spawned_with_the_plans_openmp_placement(model_config, monkeypatch):
+    """On the CPU the EngineCore computes itself (no worker process: to_vllm.computes_in_process), so it must
+    inherit the OpenMP placement vLLM's worker would get; this process's environment is restored after."""
+    seen: dict[str, str | None] = {}
+
+    class StubLLM:
+        @staticmethod
+        def from_engine_args(args, **kwargs):
+            seen.update({name: vllm_engine.os.environ.get(name) for name in ("OMP_NUM_THREADS", "OMP_PLACES")})
+            seen["executor"] = args.distributed_executor_backend.__name__
+            raise _Started
+
+    monkeypatch.setattr(vllm_engine.os, "environ", {})
+    monkeypatch.setattr(vllm_engine, "AsyncLLM", StubLLM)
+    monkeypatch.setattr(vllm_engine, "plan_own_cores", lambda world_size: (CorePlan(((2,),), (3,), (2, 3), "x"), None))
+    with pytest.raises(_Started):
+        vllm_engine.VLLMEngine(model_config).start()
+    assert seen == {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{2}", "executor": "UniProcExecutor"}
+    assert "OMP_PLACES" not in vllm_engine.os.environ

@@ -24,6 +24,7 @@ from app.config.model import ModelConfig
 from app.engine.cpu.affinity import keep_off_engine_cores
 from app.engine.cpu.claims import CoreClaim, plan_own_cores
 from app.engine.cpu.core_plan import CorePlan, describe
+from app.engine.cpu.openmp import openmp_env, spawned_with
 from app.engine.cpu.precision import PrecisionChoice, resolve_cpu_precision
 from app.engine.engine_stats import EngineStats
 from app.engine.interface import (
@@ -37,7 +38,7 @@ from app.engine.interface import (
 from app.engine.vllm.beam_search import beam_search_outputs
 from app.engine.vllm.from_vllm import choice_delta, prompt_token_logprobs, with_tool_calls
 from app.engine.vllm.refusals import refusal, rejected
-from app.engine.vllm.to_vllm import engine_args, sampling_params
+from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
 from app.engine.vllm.tool_parsing import AutoToolCalls, parser_class
 from app.errors import InvalidRequest
 
@@ -73,7 +74,7 @@ class _StatsRecorder(StatLoggerBase):
 
 
 def _kill_started_since(before: set[int]) -> None:
-    """Kills this process's descendants that were not there before (vLLM's EngineCore and its workers)."""
+    """Kills this process's descendants that were not there before (vLLM's EngineCore and any workers)."""
     started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     for process in started:
         with contextlib.suppress(psutil.Error):
@@ -116,13 +117,16 @@ class VLLMEngine:
             return self._stats
 
         before = {p.pid for p in psutil.Process().children(recursive=True)}
+        omp = openmp_env(self._cores) if self._cores and computes_in_process(model) else {}
+        args = engine_args(model, self._precision.dtype)
         try:
-            self._llm = AsyncLLM.from_engine_args(engine_args(model, self._precision.dtype), stat_loggers=[recorder])
+            with spawned_with(omp):  # the EngineCore vLLM spawns here computes where the plan says
+                self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[recorder])
         except BaseException:
             _kill_started_since(before)  # an EngineCore that began loading must not outlive a failed start
             raise
-        if not model.on_gpu:
-            keep_off_engine_cores()
+        if self._cores:
+            keep_off_engine_cores(set(self._cores.compute_cores) if omp else None)
         self._tokenizer = self._llm.get_tokenizer()
         # Vocabulary strings are at least as long as the text they decode to (byte-level BPE spells each byte as
         # a character; SentencePiece's byte tokens are longer still), added and special tokens included.
@@ -274,12 +278,10 @@ class VLLMEngine:
         s = self._stats
         unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
         return EngineStats(
-            running=unfinished,
-            waiting=s.waiting,
+            running=unfinished, waiting=s.waiting,
             kv_cache_usage=s.kv_cache_usage,
             preemptions_total=s.preemptions_total,
-            prompt_tokens_total=s.prompt_tokens_total,
-            generation_tokens_total=s.generation_tokens_total,
+            prompt_tokens_total=s.prompt_tokens_total, generation_tokens_total=s.generation_tokens_total,
             prefix_cache_queries_total=s.prefix_cache_queries_total,
             prefix_cache_hits_total=s.prefix_cache_hits_total,
             extra={"scheduler_running": float(s.running)},

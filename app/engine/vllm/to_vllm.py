@@ -8,6 +8,7 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
 from app.config.model import ModelConfig
 from app.engine.cpu.precision import Dtype
@@ -19,19 +20,29 @@ from app.engine.model_store import resolve_source
 from app.engine.vllm.generator_resume import DRAWS_KEY
 
 
+def computes_in_process(model: ModelConfig) -> bool:
+    """On the CPU with one worker the EngineCore computes itself (vLLM's `UniProcExecutor`). vLLM's CPU platform
+    would turn "uni" into its multiprocessing executor, whose worker process imports vLLM once more at every
+    start: 6-8 s of a 14-17 s engine start, at the same tokens/s (docs/autoscaling.md). Passed as the class, it
+    stays; its OpenMP placement comes from cpu/core_plan.py's `openmp_env`."""
+    return not model.on_gpu and model.engine.tensor_parallel_size == 1
+
+
 def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
     """vLLM's arguments for `model`; `dtype` is `engine.dtype` as resolved for this machine (cpu/precision.py)."""
     e = model.engine
     # An embedding model: vLLM's pooling runner, converting a causal LM into an embedding model (its pooler: the
     # last token's hidden state, L2-normalized), as `vllm serve --runner pooling --convert embed`.
-    runner: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
+    extra: dict[str, Any] = {"runner": "pooling", "convert": "embed"} if model.runner == "embed" else {}
     folder = resolve_source(model.source)
+    if computes_in_process(model):
+        extra["distributed_executor_backend"] = UniProcExecutor
     if e.kv_cache_gib and not model.on_gpu:  # in bytes: VLLM_CPU_KVCACHE_SPACE takes whole GiB only
-        runner["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
+        extra["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
         if short := kv_cache_shortfall(folder, dtype, e.kv_cache_gib, e.max_model_len):  # before vLLM loads anything
             raise ValueError(f"model '{model.id}': {short}")
     return AsyncEngineArgs(
-        **runner,
+        **extra,
         model=folder,
         served_model_name=model.id,
         max_model_len=e.max_model_len,

@@ -13,17 +13,14 @@ def _plan(ranks: tuple[tuple[int, ...], ...], source: str = "vllm-auto") -> Core
     return CorePlan(ranks, (), (0, 1, 2, 3), source)
 
 
-def test_the_standard_placement_without_a_preloaded_runtime():
-    assert openmp_env(_plan(((0, 1, 2),)), environ={}) == {
-        "OMP_NUM_THREADS": "3", "OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}
-
-
-def test_intel_and_gnu_runtimes_get_their_own_variables():
-    intel = openmp_env(_plan(((2,),)), environ={"LD_PRELOAD": "/opt/libiomp5.so:/usr/lib/libtcmalloc.so"})
-    assert intel["KMP_AFFINITY"] == "granularity=fine,explicit,proclist=[2]" and intel["OMP_NUM_THREADS"] == "1"
-    assert "OMP_PLACES" not in intel
+def test_gnu_s_placement_unless_another_runtime_is_preloaded():
+    # vLLM preloads torch's libgomp before it spawns the EngineCore, so GNU's variables apply with nothing preloaded
+    assert openmp_env(_plan(((0, 1, 2),)), environ={}) == {"OMP_NUM_THREADS": "3", "GOMP_CPU_AFFINITY": "0 1 2"}
     gnu = openmp_env(_plan(((0, 1),)), environ={"LD_PRELOAD": "/usr/lib/libgomp.so.1"})
     assert gnu == {"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY": "0 1"}
+    intel = openmp_env(_plan(((2,),)), environ={"LD_PRELOAD": "/opt/libiomp5.so:/usr/lib/libtcmalloc.so"})
+    assert intel["KMP_AFFINITY"] == "granularity=fine,explicit,proclist=[2]" and intel["OMP_NUM_THREADS"] == "1"
+    assert "GOMP_CPU_AFFINITY" not in intel
 
 
 def test_nothing_is_placed_unbound_or_for_several_workers():

@@ -300,7 +300,7 @@ def test_the_engine_core_is_spawned_with_the_plans_openmp_placement(model_config
     class StubLLM:
         @staticmethod
         def from_engine_args(args, **kwargs):
-            seen.update({name: vllm_engine.os.environ.get(name) for name in ("OMP_NUM_THREADS", "OMP_PLACES")})
+            seen.update({name: vllm_engine.os.environ.get(name) for name in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY")})
             seen["executor"] = args.distributed_executor_backend.__name__
             raise _Started
 
@@ -309,5 +309,5 @@ def test_the_engine_core_is_spawned_with_the_plans_openmp_placement(model_config
     monkeypatch.setattr(vllm_engine, "plan_own_cores", lambda world_size: (CorePlan(((2,),), (3,), (2, 3), "x"), None))
     with pytest.raises(_Started):
         vllm_engine.VLLMEngine(model_config).start()
-    assert seen == {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{2}", "executor": "UniProcExecutor"}
-    assert "OMP_PLACES" not in vllm_engine.os.environ
+    assert seen == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "2", "executor": "UniProcExecutor"}
+    assert "GOMP_CPU_AFFINITY" not in vllm_engine.os.environ

@@ -2,8 +2,9 @@
 
 vLLM's CPU worker binds one OpenMP thread per physical core of its memory node and reserves the last core(s) for
 the front end (vllm/utils/ompmultiprocessing.py `OMPProcessManager`); `plan_cores` predicts that split (or sets
-it, where vLLM's own would fail) so it can be logged and shown in /stats, and `app/engine/cpu/affinity.py` moves the
-replica and the EngineCore onto the front-end cores after start. `describe` is the one start-up line.
+it, where vLLM's own would fail) so it can be logged and shown in /stats; `app/engine/cpu/openmp.py` hands it to the
+EngineCore, which computes itself, and `app/engine/cpu/affinity.py` moves the front end off it after start.
+`describe` is the one start-up line.
 
     plan_cores(cores=None, ...) -> CorePlan        # set plan.env before building the engine; log plan.warnings
     describe(choice, plan, kv_cache_gib, kv_cache_tokens=None) -> str

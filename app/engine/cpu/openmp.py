@@ -19,8 +19,8 @@ from app.engine.cpu.core_plan import CorePlan
 
 
 def openmp_env(plan: CorePlan, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """vLLM's variables for one worker computing on `plan`'s cores, by the OpenMP runtime LD_PRELOAD names (Intel's,
-    GNU's, or none: the standard `OMP_PLACES`). {} where nothing is bound (`nobind`) or more than one worker
+    """vLLM's variables for one worker computing on `plan`'s cores, one thread per core, by the OpenMP runtime
+    LD_PRELOAD names: Intel's (or LLVM's), else GNU's. {} where nothing is bound (`nobind`) or more than one worker
     computes."""
     if plan.source == "nobind" or len(plan.compute_by_rank) != 1 or not plan.compute_by_rank[0]:
         return {}
@@ -30,10 +30,8 @@ def openmp_env(plan: CorePlan, environ: Mapping[str, str] | None = None) -> dict
     if "libiomp" in preload or "libomp" in preload:
         env.update(KMP_AFFINITY=f"granularity=fine,explicit,proclist=[{','.join(cores)}]", KMP_BLOCKTIME="5",
                    KMP_TPAUSE="0")
-    elif "libgomp" in preload:
+    else:  # GNU's: vLLM's CPU platform preloads torch's libgomp where no other runtime is, before the spawn
         env["GOMP_CPU_AFFINITY"] = " ".join(cores)
-    else:
-        env.update(OMP_PLACES="{" + ",".join(cores) + "}", OMP_PROC_BIND="true")
     return env
 
 

@@ -24,7 +24,7 @@ def computes_in_process(model: ModelConfig) -> bool:
     """On the CPU with one worker the EngineCore computes itself (vLLM's `UniProcExecutor`). vLLM's CPU platform
     would turn "uni" into its multiprocessing executor, whose worker process imports vLLM once more at every
     start: 6-8 s of a 14-17 s engine start, at the same tokens/s (docs/autoscaling.md). Passed as the class, it
-    stays; its OpenMP placement comes from cpu/core_plan.py's `openmp_env`."""
+    stays; its OpenMP placement comes from cpu/openmp.py's `openmp_env`."""
     return not model.on_gpu and model.engine.tensor_parallel_size == 1
 
 

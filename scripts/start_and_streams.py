@@ -1,8 +1,8 @@
 """Two checkouts of this project side by side: in each round, each checkout's `python -m app serve` (the default
-config, its own .venv) is started, timed until /health answers, driven with 1, 16 and 32 greedy streams of 128
-tokens through the `openai` SDK, and stopped (its process group, leaving nothing behind). Prints one row per
-checkout and round: seconds to /health, the model's own "ready in", output tokens/s and first-token p50 per
-concurrency (docs/autoscaling.md, "Not yet"). Needs port 8000 free.
+config on a free port, started as loadkit's `OwnService` starts it, from the checkout's own code) is timed until
+/health answers, driven with 1, 16 and 32 greedy streams of 128 tokens through the `openai` SDK, and stopped
+leaving nothing behind. Prints one row per checkout and round: seconds to /health, the model's own "ready in",
+output tokens/s and first-token p50 per concurrency (docs/autoscaling.md, "Not yet").
 
     .venv/bin/python scripts/start_and_streams.py --checkouts /path/before,/path/after [--rounds 3]
 """
@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
 import re
-import signal
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 
-import httpx
 from openai import AsyncOpenAI
 
-URL = "http://127.0.0.1:8000"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadkit.service import OwnService  # noqa: E402
+
 MODEL = "smollm2-135m-instruct"
 
 
@@ -43,9 +41,9 @@ async def _stream(client: AsyncOpenAI, i: int) -> tuple[int, float]:
     return tokens, first
 
 
-async def _load() -> str:
+async def _load(base_url: str) -> str:
     cells = []
-    async with AsyncOpenAI(base_url=URL + "/v1", api_key="unused") as client:
+    async with AsyncOpenAI(base_url=base_url + "/v1", api_key="unused") as client:
         await _stream(client, -1)  # warm
         for n in (1, 16, 32):
             started = time.perf_counter()
@@ -55,31 +53,17 @@ async def _load() -> str:
     return " | ".join(cells)
 
 
-def _round(checkout: Path, log: Path) -> str:
+def _round(checkout: Path) -> str:
+    service = OwnService(checkout / "configs" / "cpu.yaml", "start-and-streams", repo=checkout, key=False)
     started = time.perf_counter()
-    with log.open("w") as out:
-        serve = subprocess.Popen([str(checkout / ".venv/bin/python"), "-m", "app", "serve"], cwd=checkout,
-                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while True:
-            if serve.poll() is not None:
-                raise RuntimeError(f"the service in {checkout} exited: see {log}")
-            try:
-                if httpx.get(URL + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)  # polling a starting service's /health
+        if why := service.start(startup_timeout_s=600):
+            raise RuntimeError(f"the service in {checkout} did not start: {why}")
         healthy = time.perf_counter() - started
-        ready = re.search(r"ready in ([0-9.]+) s", log.read_text(errors="replace"))
-        load = asyncio.run(_load())
+        ready = re.search(r"ready in ([0-9.]+) s", service.log_text())
+        load = asyncio.run(_load(service.base_url))
     finally:
-        serve.send_signal(signal.SIGINT)  # Ctrl-C: the CLI stops Ray and every engine it started
-        try:
-            serve.wait(timeout=120)
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # whatever of its group outlived it
-                os.killpg(serve.pid, signal.SIGKILL)
+        service.stop()  # Ctrl-C to its process group, whatever outlives it killed
     return f"{healthy:.1f} s | {ready.group(1) if ready else '?'} s | {load}"
 
 
@@ -93,7 +77,7 @@ def main() -> None:
     print("|---:|---|---:|---:|---|---|---|")
     for n in range(1, args.rounds + 1):
         for checkout in checkouts:
-            row = _round(checkout, Path(tempfile.gettempdir()) / f"start_and_streams-{checkout.name}.log")
+            row = _round(checkout)
             print(f"| {n} | {checkout.name} | {row} |", flush=True)
 
 

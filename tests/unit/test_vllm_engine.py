@@ -311,3 +311,28 @@ def test_the_engine_core_is_spawned_with_the_plans_openmp_placement(model_config
         vllm_engine.VLLMEngine(model_config).start()
     assert seen == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "2", "executor": "UniProcExecutor"}
     assert "GOMP_CPU_AFFINITY" not in vllm_engine.os.environ
+
+
+def test_the_plans_binding_reaches_the_spawned_workers_and_not_a_later_restart(model_config, monkeypatch):
+    """Several CPU ranks: vLLM's multiprocessing executor binds its workers from VLLM_CPU_OMP_THREADS_BIND, so the
+    plan's binding must be there while the EngineCore spawns; left in this process after, a restart in place would
+    read it back as the operator's own setting."""
+    seen: dict[str, str | None] = {}
+
+    class StubLLM:
+        @staticmethod
+        def from_engine_args(args, **kwargs):
+            seen["bind"] = vllm_engine.os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+            seen["omp"] = vllm_engine.os.environ.get("OMP_NUM_THREADS")
+            raise _Started
+
+    plan = CorePlan(((0,), (1,)), (2,), (0, 1, 2), "explicit", {"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    monkeypatch.setattr(vllm_engine.os, "environ", {})
+    monkeypatch.setattr(vllm_engine, "AsyncLLM", StubLLM)
+    monkeypatch.setattr(vllm_engine, "plan_own_cores", lambda world_size: (plan, None))
+    config = model_config.model_copy(update={"engine": model_config.engine.model_copy(
+        update={"tensor_parallel_size": 2})})
+    with pytest.raises(_Started):
+        vllm_engine.VLLMEngine(config).start()
+    assert seen == {"bind": "0|1", "omp": None}  # the workers place themselves; the EngineCore does not compute
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in vllm_engine.os.environ

@@ -13,7 +13,7 @@ The folder is the user's own (in `$XDG_RUNTIME_DIR`, else `/tmp/app-llm-serve-co
 user's processes can neither see nor hold it. One not owned by this user is not used (the engine plans as if
 alone), and the planning lock is waited for `PLANNING_WAIT_S` at most: nothing stops an engine from starting.
 
-    plan, claim = plan_own_cores(world_size)   # set plan.env before building the engine
+    plan, claim = plan_own_cores(world_size)   # plan.env: for the processes that build the engine only
     ...
     claim.release()                            # at engine shutdown (or the process's exit)
 """

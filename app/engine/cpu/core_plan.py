@@ -6,7 +6,7 @@ it, where vLLM's own would fail) so it can be logged and shown in /stats; `app/e
 EngineCore, which computes itself, and `app/engine/cpu/affinity.py` moves the front end off it after start.
 `describe` is the one start-up line.
 
-    plan_cores(cores=None, ...) -> CorePlan        # set plan.env before building the engine; log plan.warnings
+    plan_cores(cores=None, ...) -> CorePlan        # plan.env: only for the engine processes spawned; log warnings
     describe(choice, plan, kv_cache_gib, kv_cache_tokens=None) -> str
 """
 
@@ -30,7 +30,7 @@ class CorePlan:
     usable_cores: tuple[int, ...]
     source: str                        # "vllm-auto" | "explicit" | "env" (operator's VLLM_CPU_OMP_THREADS_BIND)
     #                                    | "nobind"
-    env: Mapping[str, str] = field(default_factory=dict)  # set before building the engine; {}: vLLM's own binding
+    env: Mapping[str, str] = field(default_factory=dict)  # in the spawned engine processes only; {}: vLLM's own binding
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 

@@ -108,7 +108,6 @@ class VLLMEngine:
             # Planned before keep_off_engine_cores narrows this process's affinity: the EngineCore inherits it.
             # Cores another engine of this host computes on are left to it (engine/cpu/claims.py).
             self._cores, self._core_claim = plan_own_cores(world_size=model.engine.tensor_parallel_size)
-            os.environ.update(self._cores.env)
             for warning in self._cores.warnings:
                 log.warning("%s", warning)
 
@@ -119,8 +118,8 @@ class VLLMEngine:
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         omp = openmp_env(self._cores) if self._cores and computes_in_process(model) else {}
         args = engine_args(model, self._precision.dtype)
-        try:
-            with spawned_with(omp):  # the EngineCore vLLM spawns here computes where the plan says
+        try:  # only the processes spawned here see the plan: a restart in place must not read it as the operator's
+            with spawned_with({**(self._cores.env if self._cores else {}), **omp}):
                 self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[recorder])
         except BaseException:
             _kill_started_since(before)  # an EngineCore that began loading must not outlive a failed start

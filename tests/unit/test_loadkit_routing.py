@@ -157,3 +157,14 @@ def test_the_bare_servers_counters_are_read_one_replica_per_server(monkeypatch: 
     counters = fleet.metrics()
     assert counters["vllm:prefix_cache_hits"] == {"vllm-0": 128.0, "vllm-1": 0.0}
     assert counters["vllm:prefix_cache_queries"] == {"vllm-0": 256.0, "vllm-1": 100.0}
+
+
+def test_every_engine_holds_w1s_tokens_alike_whatever_this_cpus_precision(monkeypatch: pytest.MonkeyPatch):
+    """On an AMX Xeon the service's `auto` runs float32, where 0.25 GiB holds half the tokens it holds in bfloat16 and
+    W1's prefixes no longer fit two caches; the peers get that precision too, not bare vLLM's own `auto`."""
+    from loadkit.routing import run
+
+    assert run.cache_gib("bfloat16") == 0.25 and run.cache_gib("float32") == 0.5
+    monkeypatch.setattr(run, "same_precision", lambda dtype: "float32" if dtype == "auto" else dtype)
+    engine = run._engine(SimpleNamespace(kv_cache_gib=0.5))
+    assert engine["dtype"] == "float32" and engine["kv_cache_gib"] == 0.5

@@ -31,7 +31,7 @@ class Shape:
 
     prefix_tokens: int = 1024
     suffix_tokens: int = 64
-    prefixes: int = 16  # W1: 16 x 8 blocks of 128 fit two 0.25 GiB caches (91 blocks each) together, not one
+    prefixes: int = 16  # W1: 16 x 8 blocks of 128 fit two caches of 91 blocks together, not one (run.cache_gib)
     per_prefix: int = 4
     sessions: int = 12
     turns: int = 6

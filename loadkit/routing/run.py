@@ -75,11 +75,19 @@ def cache_gib(dtype: str) -> float:
     return BF16_CACHE_GIB * (2 if dtype == "float32" else 1)
 
 
+def _service_engine(kv_cache_gib: float) -> dict:
+    return serve_config(0, SYSTEMS[0], kv_cache_gib)["applications"][0]["args"]["config"]["models"][0]["engine"]
+
+
+def service_dtype() -> str:
+    """The service's `auto` as it resolves on this CPU: what every peer's engines get (bare vLLM's own `auto` would
+    take the model folder's bfloat16)."""
+    return same_precision(str(_service_engine(BF16_CACHE_GIB).get("dtype", "auto")))
+
+
 def _engine(o: argparse.Namespace) -> dict:
-    """The service's own engine settings, whatever its routing, with its `auto` resolved as the service resolves it on
-    this CPU: what every peer's engines get (bare vLLM's own `auto` would take the model folder's bfloat16)."""
-    engine = serve_config(0, SYSTEMS[0], o.kv_cache_gib)["applications"][0]["args"]["config"]["models"][0]["engine"]
-    return {**engine, "dtype": same_precision(str(engine.get("dtype", "auto")))}
+    """The service's own engine settings, whatever its routing, in the precision resolved once (`o.dtype`)."""
+    return {**_service_engine(o.kv_cache_gib), "dtype": o.dtype}
 
 
 def _config(system: str, port: int, o: argparse.Namespace) -> dict:
@@ -173,8 +181,9 @@ def main(argv: list[str]) -> int:
     o.workloads = [w.strip() for w in o.workloads.split(",") if w.strip()]
     o.systems = [s.strip() for s in o.systems.split(",") if s.strip()]
     o.model_dir = o.model_dir or prepare_model(REPO)
+    o.dtype = service_dtype()
     if o.kv_cache_gib is None:
-        o.kv_cache_gib = cache_gib(_engine(o)["dtype"])
+        o.kv_cache_gib = cache_gib(o.dtype)
     o.work_dir = o.work_dir.resolve()
     o.work_dir.mkdir(parents=True, exist_ok=True)
     key = secrets.token_hex(16)
@@ -195,7 +204,7 @@ def main(argv: list[str]) -> int:
     header = (f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `{command.strip()}`, commit "
               f"{git_commit(REPO).text}; vLLM {vllm_version()}; {facts.cpu_text}, {facts.memory_gib} GiB. "
               f"{o.rounds} round(s), systems alternating; {o.concurrency} requests (or sessions) in flight; each "
-              f"engine's KV cache {o.kv_cache_gib:g} GiB, in {_engine(o)['dtype']}.")
+              f"engine's KV cache {o.kv_cache_gib:g} GiB, in {o.dtype}.")
     (o.work_dir / "rows.json").write_text(json.dumps(
         {w: {s: [vars(x) for x in r.outcomes] for s, r in per.items()} for w, per in rows.items()}))
     text = section(rows, header, o.systems)

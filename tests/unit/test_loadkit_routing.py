@@ -166,5 +166,5 @@ def test_every_engine_holds_w1s_tokens_alike_whatever_this_cpus_precision(monkey
 
     assert run.cache_gib("bfloat16") == 0.25 and run.cache_gib("float32") == 0.5
     monkeypatch.setattr(run, "same_precision", lambda dtype: "float32" if dtype == "auto" else dtype)
-    engine = run._engine(SimpleNamespace(kv_cache_gib=0.5))
+    engine = run._engine(SimpleNamespace(kv_cache_gib=0.5, dtype=run.service_dtype()))
     assert engine["dtype"] == "float32" and engine["kv_cache_gib"] == 0.5

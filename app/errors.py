@@ -15,6 +15,9 @@ class ServiceError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+    # The refused prompt's tokens, where they were counted before the refusal (a replica's admission, the fleet
+    # router): the tenant's refused tokens count them (app/http/tenant_accounts.py). Pickled with the instance.
+    prompt_tokens: int | None = None
 
     def __init__(self, message: str, param: str | None = None, retry_after_s: float | None = None):
         super().__init__(message, param, retry_after_s)

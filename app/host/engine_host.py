@@ -204,6 +204,7 @@ class EngineHost:
             yield visit
         except ServiceError as err:
             visit.outcome = err.code or err.type
+            err.prompt_tokens = prompt_tokens  # refused after tokenizing: its tenant's refused tokens count them
             raise
         finally:
             visit.ticket.release(completed=learn_from_end and visit.outcome == "finished")

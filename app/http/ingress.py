@@ -102,7 +102,7 @@ def _add_error_handlers(api: FastAPI, state: IngressState, known_endpoints: froz
     async def _service_error(request: Request, err: ServiceError) -> Response:
         state.metrics.refusals.labels(getattr(request.state, "model", "-"), err.code or err.type).inc()
         state.capacity.accounts.refused(getattr(request.state, "tenant", None), err.code or err.type,
-                                        getattr(request.state, "asked_tokens", 0))
+                                        getattr(request.state, "asked_tokens", 0) + (err.prompt_tokens or 0))
         return error_response(err)
 
     @api.exception_handler(RequestValidationError)

@@ -3,8 +3,9 @@
 Per tenant: requests in flight and those of them not yet in an engine (waiting in a replica's admission queue, or
 routed there), tokens served (prompt and generated, as the replicas counted them), tokens held now against the
 tenant's `tokens_per_minute` (reservations not yet settled: http/tenant_limits.py), refusals by reason and the output
-tokens the refused requests asked for (n x max_tokens per prompt; a refusal before its body was read counts as a
-request only: not reading it is what keeps that refusal cheap). Keyed by
+tokens the refused requests asked for (n x max_tokens per prompt, plus the refused prompt's own tokens where a
+replica or the fleet router had counted them before refusing; a refusal before its body was read counts as a request
+only: not reading it is what keeps that refusal cheap). Keyed by
 the tenant's metrics label (configured and key tenants by name, every client address as `by-address`), so the
 label set stays bounded. With several ingress replicas each counts what passes through it.
 """
@@ -27,7 +28,7 @@ class Account:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # by reason (the error's code)
-    refused_tokens: int = 0  # the output tokens refused requests asked for, where their body was read
+    refused_tokens: int = 0  # the tokens refused requests asked for (output, and prompt where counted), body read
 
 
 class TenantAccounts:
@@ -63,9 +64,9 @@ class TenantAccounts:
                                      "tokens_per_minute by requests not yet ended.", labels=["tenant"])
         refused = CounterMetricFamily("app_tenant_refusals", "Requests refused, by tenant and reason.",
                                       labels=["tenant", "reason"])
-        refused_tokens = CounterMetricFamily("app_tenant_refused_tokens", "Output tokens (n x max_tokens) asked by "
-                                             "requests refused after their body was read, by tenant.",
-                                             labels=["tenant"])
+        refused_tokens = CounterMetricFamily("app_tenant_refused_tokens", "Tokens asked by requests refused after "
+                                             "their body was read (n x max_tokens, plus the prompt's tokens where "
+                                             "they were counted before the refusal), by tenant.", labels=["tenant"])
         for label, a in sorted(self._accounts.items()):
             tokens.add_metric([label, "prompt"], a.prompt_tokens)
             tokens.add_metric([label, "generated"], a.generated_tokens)

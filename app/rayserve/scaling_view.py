@@ -61,5 +61,7 @@ class ScalingView:
         if self._latest is None or ready is None:
             return refused
         retry = self._latest.retry_after_s(refused.retry_after_s or 1.0, now)
-        return OverTimeTarget(f"{refused.message}. A new replica is starting and expected to serve in about "
+        told = OverTimeTarget(f"{refused.message}. A new replica is starting and expected to serve in about "
                               f"{math.ceil(ready)} s", retry_after_s=retry)
+        told.prompt_tokens = refused.prompt_tokens
+        return told

@@ -145,7 +145,8 @@ class FleetRouter:
         near = sum(1 for c in candidates if (c.replica in with_room) == (best.replica in with_room)
                    and c.first_token_s <= best.first_token_s + slack)
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
-                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s), session,
+                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s,
+                                          len(prompt_ids) if prompt_ids else None), session,
                             near)
         if decision.refusal is None:
             self._sent(decision, best, now)
@@ -163,16 +164,18 @@ class FleetRouter:
             while len(self._sessions) > SESSIONS:
                 self._sessions.popitem(last=False)
 
-    def _refusal(self, best: Candidate, load: ReplicaLoad, replicas: int, target_s: float | None
-                 ) -> OverTimeTarget | None:
+    def _refusal(self, best: Candidate, load: ReplicaLoad, replicas: int, target_s: float | None,
+                 prompt_tokens: int | None) -> OverTimeTarget | None:
         if target_s is None or not best.measured or load.in_system == 0 or best.first_token_s <= target_s:
             return None
-        return OverTimeTarget(
+        refusal = OverTimeTarget(
             f"Server is busy: this request's first token is predicted in {best.first_token_s:.1f} s on the soonest of "
             f"{replicas} replica(s), later than its {target_s:g} s target; retry after the Retry-After delay (or "
             "send a shorter prompt)",
             retry_after_s=min(MAX_RETRY_AFTER_S, max(1, math.ceil(best.first_token_s - target_s))),
         )
+        refusal.prompt_tokens = prompt_tokens
+        return refusal
 
     def _sent(self, decision: Decision, to: Candidate, now: float) -> None:
         """The request goes to `to`: its prefill and its place in the batch count there until its first output, and

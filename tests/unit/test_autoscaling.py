@@ -330,8 +330,11 @@ def test_a_refusal_while_a_replica_starts_says_when_it_is_expected():
     assert steady.ready_in_s(now) is None and steady.retry_after_s(3.0, now) == 3.0
     view = ScalingView(handle=None)  # type: ignore[arg-type]
     view._latest, view._read_at = starting, float("inf")  # as if just read
-    refused = view.refusal(OverTimeTarget("Server is busy", retry_after_s=3))
+    late = OverTimeTarget("Server is busy", retry_after_s=3)
+    late.prompt_tokens = 90
+    refused = view.refusal(late)
     assert refused.retry_after_s == 30 and "expected to serve in about 30 s" in refused.message
+    assert refused.prompt_tokens == 90  # still counted against the tenant
     view._latest = steady
     assert view.refusal(OverTimeTarget("Server is busy", retry_after_s=3)).retry_after_s == 3
 

@@ -86,6 +86,15 @@ def test_pickle_round_trip(err):
     assert back.status == err.status
 
 
+def test_the_refused_prompts_tokens_cross_the_handle_with_the_refusal():
+    """A replica refused after tokenizing: the ingress counts the prompt's tokens against the tenant."""
+    err = OverTimeTarget("late", retry_after_s=3)
+    err.prompt_tokens = 1_200
+    back = pickle.loads(pickle.dumps(err))
+    assert back.prompt_tokens == 1_200 and back.retry_after_s == 3
+    assert pickle.loads(pickle.dumps(QueueFull("full"))).prompt_tokens is None
+
+
 def test_errors_are_exceptions():
     with pytest.raises(ServiceError):
         raise RequestTimeout("slow")

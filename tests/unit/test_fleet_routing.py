@@ -182,6 +182,7 @@ def test_no_replica_in_time_refuses_at_once_with_the_predicted_excess_but_an_idl
     decision = router.choose(busy, _ids(1, 100), first_token_target_s=10.0)
     assert decision is not None and isinstance(decision.refusal, OverTimeTarget)
     assert decision.refusal.retry_after_s == 5 and "soonest of 2 replica(s)" in decision.refusal.message
+    assert decision.refusal.prompt_tokens == 100  # counted against its tenant's refused tokens
     assert router.figures().replicas["r1"].routed == 0 and router.figures().refused == 1
     for loads in ({"r1": _load(wait_s=14.0, in_system=0)}, {"r1": _load(wait_s=None, rate=None, in_system=40)}):
         decision = router.choose(loads, _ids(1, 100), first_token_target_s=10.0)

@@ -342,13 +342,15 @@ async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):
                                  "generated_tokens": usage["completion_tokens"], "reserved_tokens": 0, "refused": {},
                                  "refused_tokens": 0}
     assert accounts["heavy"]["refused"] == {"queue_full": 1, "tenant_over_share": 1}
-    # The displaced request asked for 8 tokens; the queue_full one was refused before its body was read.
-    assert accounts["heavy"]["refused_tokens"] == 8
+    # The displaced request asked for 8 tokens after a prompt as long as each of the two served (it was tokenized
+    # before it queued); the queue_full one was refused before its body was read.
     assert accounts["heavy"]["generated_tokens"] == 16 and accounts["heavy"]["in_flight"] == 0
+    prompt = accounts["heavy"]["prompt_tokens"] // 2
+    assert prompt > 0 and accounts["heavy"]["refused_tokens"] == 8 + prompt
     metrics = (await c.get("/metrics")).text
     assert f'app_tenant_tokens_total{{kind="generated",tenant="light"}} {usage["completion_tokens"]}.0' in metrics
     assert 'app_tenant_refusals_total{reason="tenant_over_share",tenant="heavy"} 1.0' in metrics
-    assert 'app_tenant_refused_tokens_total{tenant="heavy"} 8.0' in metrics
+    assert f'app_tenant_refused_tokens_total{{tenant="heavy"}} {8 + prompt}.0' in metrics
     assert 'app_tenant_refused_tokens_total{tenant="light"}' not in metrics  # never refused
     assert 'app_tenant_requests_queued{tenant="heavy"} 0.0' in metrics
 

@@ -9,10 +9,11 @@ the pace it measured), published about once a second; "pending" is what this rou
 figure was taken and that has not answered yet: each its uncached prefill plus `per_request_s` (what one more request
 in the batch adds to a first token), so that a burst decided within one second does not pile onto one replica. The
 cached tokens are this router's estimate of the replica's prefix cache (a `BlockLRU` of the block names of the
-prompts it sent there, sized to the replica's KV cache). The replica with the earliest prediction gets the request
-(near-ties broken by a hash of the prefix and the replica, so identical replicas do not herd and several ingress
-replicas agree where a new prefix goes). A warm replica wins by the prefill it saves and
-loses once its queue costs more than that: affinity with load balance, no weights.
+prompts it sent there, sized to the replica's KV cache). The replica with the earliest prediction gets the request;
+near-ties go to the one holding more of the prompt, and between equals are offered to Serve together (ordered by a
+hash of the prefix and the replica, so identical replicas do not herd and several ingress replicas agree where a new
+prefix goes). A warm replica wins by the prefill it saves and loses once its queue costs more than that (and the
+near-tie slack): affinity with load balance, no weights.
 
 Corrected by what each engine reports: the first answer carries vLLM's cached tokens. A predicted block that did not
 hit is forgotten with every block the estimate used less recently (an LRU cache evicts those first), and the
@@ -32,7 +33,6 @@ from __future__ import annotations
 import math
 import random
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,18 +43,13 @@ import numpy as np
 from app.engine.prefix_blocks import BlockLRU, block_hashes, cacheable_blocks
 from app.errors import OverTimeTarget
 from app.host.replica_load import ReplicaLoad
-from app.routing.decision import Candidate, Decision
+from app.routing.decision import Candidate, Decision, rank
 from app.routing.figures import FleetFigures, ReplicaRouting
 
 # Until some replica has measured its pace: 1,000 prompt tokens/s, and 50 ms more per request in the replica. A
 # replica reports its pace after 4 requests; these only order cold replicas.
 DEFAULT_PREFILL_S_PER_TOKEN = 1e-3
 COLD_WAIT_PER_REQUEST_S = 0.05
-TIE_S = 0.002  # predictions this close are the same: the random draw decides
-# Predictions within this much of the best (absolute, or a share of it) are offered to Serve together, whose probe of
-# each replica's ongoing requests (live, where the reports are up to a second old) then takes the less loaded. Without
-# it, unrelated prompts went 0.84x power-of-two's tokens/s (routing runs of 01:03 and 01:18, W3).
-NEAR_S, NEAR_SHARE = 0.05, 0.1
 PENDING_MAX_S = 60.0  # a sent request never reported back stops counting after this long
 MAX_RETRY_AFTER_S = 60
 # x-session-id hints remembered (least recent forgotten). A hint counts only for a prompt whose tokens are not known
@@ -136,18 +131,12 @@ class FleetRouter:
             candidates.append(Candidate(replica, first, cached, measured))
         with_room = {c.replica for c in candidates
                      if loads[c.replica].room - len(self._replicas[c.replica].pending) > 0}
-        # Near-ties: by the prompt's first block and the replica (rendezvous hashing, stable across processes), so that
-        # every ingress replica puts a new prefix on the same replica while prefixes spread; random under a block.
-        candidates.sort(key=lambda c: (c.replica not in with_room, math.floor(c.first_token_s / TIE_S),
-                                       zlib.crc32(f"{names[0]}:{c.replica}".encode()) if names else self._rng.random()))
+        candidates, near = rank(candidates, with_room, names[0] if names else None, self._rng)
+        soonest = min(candidates, key=lambda c: (c.replica not in with_room, c.first_token_s))
         best = candidates[0]
-        slack = max(NEAR_S, NEAR_SHARE * best.first_token_s)
-        near = sum(1 for c in candidates if (c.replica in with_room) == (best.replica in with_room)
-                   and c.first_token_s <= best.first_token_s + slack)
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
-                            self._refusal(best, loads[best.replica], len(candidates), first_token_target_s,
-                                          len(prompt_ids) if prompt_ids else None), session,
-                            near)
+                            self._refusal(soonest, loads[soonest.replica], len(candidates), first_token_target_s,
+                                          len(prompt_ids) if prompt_ids else None), session, near)
         if decision.refusal is None:
             self._sent(decision, best, now)
             self._remember(session, best.replica, tokens)

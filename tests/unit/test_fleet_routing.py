@@ -110,6 +110,23 @@ def test_near_best_replicas_are_offered_together_so_serve_s_live_probe_takes_the
     assert apart is not None and apart.ranks == (("r1",), ("r2",))
 
 
+def test_of_near_best_replicas_the_one_holding_the_prefix_goes_first_alone():
+    """A second copy of a prefix would cost the fleet cache room (W1's prefixes fit two caches once each): within the
+    near-tie slack the warm replica keeps it, past the slack the request spills over."""
+    router = FleetRouter(rng=random.Random(0))
+    system = _ids(7, 1024)
+    warm = _sent_and_answered(router, {"r1": _load(), "r2": _load(wait_s=5.0)}, system)
+    cold = "r2"
+    # Cold: 0.2 s + 1,064 tokens of prefill = 1.264 s; warm: 1.26 s + 40 tokens = 1.30 s, within the slack.
+    decision = router.choose({warm: _load(wait_s=1.26), cold: _load(wait_s=0.2)}, system + _ids(9, 40))
+    assert decision is not None and decision.ranks == ((warm,), (cold,))
+    assert decision.candidates[0].cached_tokens == 1024
+    router.answered(decision, warm, 1024, 1.3)
+    router.finished(decision)
+    decision = router.choose({warm: _load(wait_s=1.6), cold: _load(wait_s=0.2)}, system + _ids(10, 40))
+    assert decision is not None and decision.ranks == ((cold,), (warm,))
+
+
 def test_identical_idle_replicas_share_unrelated_prompts_at_random():
     router = FleetRouter(rng=random.Random(3))
     loads = {f"r{i}": _load(in_system=0) for i in range(1, 5)}

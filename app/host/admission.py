@@ -6,11 +6,10 @@ tenant is first come, first served); anything beyond is refused at once. The bud
 waiting here instead of making the engine preempt and recompute; a request bigger than the whole budget still runs,
 alone, so nothing valid is refused for ever. A running request may step out of the engine and back (host/pauses.py).
 
-In time: with a `pace` (app/host/pace.py), a request whose predicted first token (or end) is later than its target is
-refused at arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when it would miss even
-alone) instead of waiting in the queue only to miss it, and before it is tokenized where even the least request would
-(`refuse_if_full` with targets), and later if another tenant's arrival, going first, makes it late; the queue
-timeout stays as a safety net. The simulation ignores the token budget (a budget-bound queue is predicted too short).
+In time: with a `pace` (app/host/pace.py), a request predicted to miss its first-token (or end) target is refused at
+arrival (app/host/time_refusals.py: 429, Retry-After the predicted excess; none when it would miss even alone), before
+it is tokenized where even the least request would (`refuse_if_full` with targets), and later if another tenant's
+arrival, going first, makes it late; the queue timeout stays as a safety net. The simulation ignores the token budget.
 
 Use: `ticket = admission.reserve(tenant)` (cheap; raises before any work), validate,
 `await ticket.admit(tokens, timeout_s, targets, prompt_tokens, max_steps)`, run, report each output
@@ -39,13 +38,13 @@ SWEEP_EVERY_S = 1.0
 
 class Admission:
     def __init__(self, max_running: int, max_queued: int, token_budget: int, queue_timeout_s: float,
-                 refusal: type[QueueFull] = QueueFull, pace: EnginePace | None = None):
+                 refusal: type[QueueFull] = QueueFull, pace: EnginePace | None = None, by_class: bool = False):
         self.pace, self.max_running, self.max_queued = pace, max_running, max_queued
         self.token_budget, self.queue_timeout_s, self._refusal = token_budget, queue_timeout_s, refusal
         self._in_system = 0  # reserved, waiting or running: what `max_running + max_queued` bounds
         self._aside = 0  # out of the engine while their clients do not read (host/pauses.py)
         self._waiting: FairQueue[Ticket] = FairQueue()  # fair between tenants (host/fair_queue.py)
-        self._slots: Slots[Ticket] = Slots(self._waiting.served)  # who is in the engine (host/slots.py)
+        self._slots: Slots[Ticket] = Slots(self._waiting.served, by_class)  # who is in the engine (host/slots.py)
         self._refused_full = self._refused_timeout = self._refused_time = self._peak_waiting = 0
         self._last_prediction: Prediction | None = None
         self._mean_run_s, self._swept_at = 1.0, 0.0  # a moving average of time in the engine, for Retry-After
@@ -127,7 +126,7 @@ class Admission:
         ticket.resuming, ticket.paused = ticket.paused, False
         self._waiting.started(ticket.tenant, 0 if ticket.resuming else ticket.prompt_tokens)
         ticket.batch = len(self._slots)
-        ticket.backlog = sum(t.prompt_tokens for t in self._slots.held if not t.last_output)
+        ticket.backlog = self._slots.prefill_before(ticket)
 
     def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
         """`OverTimeTarget` if the pace predicts `ticket` would miss a target, or would wait in the queue
@@ -142,7 +141,8 @@ class Admission:
         (`ttft_target_s: null` and none asked for) admission is by count alone, as configured."""
         if self.pace is None or (targets.first_token_s is None and targets.finish_s is None):
             return None
-        running = (t.work(now) for t in self._slots.for_newcomer(tenant, self._waiting.counter(tenant)))
+        running = (t.work(now, self._slots.prefills_after(t, tenant))
+                   for t in self._slots.for_newcomer(tenant, self._waiting.counter(tenant)))
         ahead = (t.work(now) for t in self._waiting.ahead_of(tenant))  # fair: only who goes first
         prediction = self.pace.predict(work, running, ahead, self.max_running)
         if prediction is None:

@@ -83,6 +83,7 @@ class EngineHost:
             queue_timeout_s=dep.queue_timeout_s,
             refusal=queue_full_class(service.refusal_status),
             pace=EnginePace(),
+            by_class=model.engine.scheduling_policy == "priority",
         )
         self.prompts = PromptTokenizer(model, engine, queue_full_class(service.refusal_status))
         self.supervisor = EngineSupervisor(model, engine, self._adopt, engine_factory, progress_watch,

@@ -67,6 +67,9 @@ class Work:
     generated: int = 0  # steps so far (running requests)
     started_s_ago: float = 0.0  # running requests: since admission
     first_output: bool = False  # running requests: has it produced its first output yet
+    # A running request's prefill that waits for the newcomer's: a batch request before an interactive newcomer, the
+    # engine taking prompts by class (vLLM's `scheduling_policy: priority`).
+    prefill_after: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,13 +198,14 @@ class EnginePace:
         per_token = self._per_token_s(batch)
         # Slots: when each frees (running requests at their expected end; free slots now).
         slots: list[float] = []
-        backlog: list[tuple[float, int]] = []  # (first token at, prompt tokens) of prefills not yet done
+        # (first token at, prompt tokens, before the queue's) of prefills not yet done
+        backlog: list[tuple[float, int, bool]] = []
         for work in running:
             first = 0.0
             if not work.first_output:
-                ahead = sum(tokens for _, tokens in backlog)
+                ahead = sum(tokens for _, tokens, _ in backlog)
                 first = max(0.0, self._first_token_s(ahead + work.prompt_tokens, batch) - work.started_s_ago)
-                backlog.append((first, work.prompt_tokens))
+                backlog.append((first, work.prompt_tokens, not work.prefill_after))
             left = max(0.0, self._output_share * work.max_tokens - work.generated)
             slots.append(first + left * per_token)
         slots += [0.0] * max(0, max_running - len(slots))
@@ -213,9 +217,9 @@ class EnginePace:
         out = []
         for work in queue:
             start = heapq.heappop(slots)
-            ahead = sum(tokens for first, tokens in backlog if first > start)
+            ahead = sum(tokens for first, tokens, before in backlog if before and first > start)
             first = start + self._first_token_s(ahead + work.prompt_tokens, batch)
-            backlog.append((first, work.prompt_tokens))
+            backlog.append((first, work.prompt_tokens, True))
             finish = first + self._output_share * work.max_tokens * per_token
             heapq.heappush(slots, finish)
             out.append(Prediction(start_s=start * late, first_token_s=first * late,

@@ -27,6 +27,7 @@ class Running(Protocol):
     started: float
     pausable: bool  # its host can pause and resume it (app/host/pauses.py)
     last_output: float
+    prompt_tokens: int
     tokens: int  # prompt + every choice's max_tokens: what it holds of the token budget
 
     @property
@@ -63,8 +64,9 @@ def to_yield(running: Collection[R], waiting: Tenant, waiting_served: float = 0.
 class Slots(Generic[R]):
     """The requests in the engine, the tokens they hold, and the one asked to yield (at most one at a time)."""
 
-    def __init__(self, served: Served = lambda tenant: 0.0) -> None:
+    def __init__(self, served: Served = lambda tenant: 0.0, by_class: bool = False) -> None:
         self.served = served
+        self.by_class = by_class  # the engine prefills interactive prompts first (vLLM's priority scheduling)
         self.held: set[R] = set()
         self.tokens_in_use = 0
         self.seqs = 0  # engine sequences: every choice of every request held
@@ -101,6 +103,14 @@ class Slots(Generic[R]):
             self.yielding = to_yield(self.held, waiting, waiting_served, self.served)
             if self.yielding is not None:
                 self.yielding.yield_asked = True
+
+    def prefills_after(self, item: R, newcomer: Tenant) -> bool:
+        """Whether the engine takes `newcomer`'s prompt before `item`'s (if not prefilled yet): a batch one's waits."""
+        return self.by_class and item.tenant.batch > newcomer.batch
+
+    def prefill_before(self, item: R) -> int:
+        """The prompt tokens the engine prefills before `item`'s first output, its own included (held, no output)."""
+        return sum(r.prompt_tokens for r in self.held if not r.last_output and not self.prefills_after(r, item.tenant))
 
     def for_newcomer(self, tenant: Tenant, served: float) -> list[R]:
         """The running requests a newcomer of `tenant` is predicted behind: not the one that will yield to it."""

@@ -54,10 +54,10 @@ class Ticket:
         """n: how many answers its budget holds `max_steps` tokens for (0 for an embedding, or not said)."""
         return (self.tokens - self.prompt_tokens) // self.max_steps if self.max_steps else 0
 
-    def work(self, now: float) -> Work:
+    def work(self, now: float, prefill_after: bool = False) -> Work:
         return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,
                     started_s_ago=now - self.started if self.state == RUNNING else 0.0,
-                    first_output=self.last_output > 0)
+                    first_output=self.last_output > 0, prefill_after=prefill_after)
 
     async def wait(self, timeout_s: float) -> bool:
         """Waits in the queue until it runs (True) or `timeout_s` runs out (False)."""

@@ -408,3 +408,31 @@ async def test_a_request_refused_by_time_is_never_rendered_or_tokenized(stack):
                                 headers={"X-TTFT-Target-S": "25"}, timeout=30)
     assert r.status_code == 200 and rendered == [1], r.text  # one it can serve is rendered as ever
     assert (await occupant).status_code == 200
+
+
+@pytest.mark.parametrize("by_class", [False, True])
+async def test_an_interactive_arrival_is_not_predicted_behind_batch_prompts_the_engine_prefills_after_it(by_class):
+    """At a batch flood's start its prompts are still prefilling. Under vLLM's priority scheduling (`by_class`) the
+    engine takes an interactive prompt before them, so it is not predicted behind their prefill, nor is that prefill
+    counted as its backlog when the pace learns from its first token; with first come, first served it is both."""
+    admission = Admission(max_running=8, max_queued=8, token_budget=100_000, queue_timeout_s=30, pace=_paced(),
+                          by_class=by_class)
+    batch, interactive = Tenant("flood", batch=True), Tenant("chat")
+    flood = [admission.reserve(batch) for _ in range(6)]
+    for ticket in flood:
+        await ticket.admit(2_010, 30, prompt_tokens=2_000, max_steps=10)  # no output yet: all prefilling
+    chat = admission.reserve(interactive)
+    if not by_class:  # behind 12,000 tokens of prefill at 1 ms each
+        with pytest.raises(OverTimeTarget):
+            await chat.admit(110, 30, Targets(first_token_s=5.0), prompt_tokens=100, max_steps=10)
+        chat.release()
+        return
+    await chat.admit(110, 30, Targets(first_token_s=5.0), prompt_tokens=100, max_steps=10)
+    predicted = admission.stats().predicted_first_token_s
+    assert predicted is not None and predicted < 1.0  # its own 100 tokens and the batch it joins
+    assert chat.backlog == 100  # what the pace learns its first token against
+    late_batch = admission.reserve(batch)
+    await late_batch.admit(2_010, 30, prompt_tokens=2_000, max_steps=10)
+    assert late_batch.backlog == 7 * 2_000 + 100  # a batch prompt waits for every prompt before it
+    for ticket in (*flood, chat, late_batch):
+        ticket.release()

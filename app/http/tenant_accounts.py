@@ -2,12 +2,12 @@
 
 Per tenant: requests in flight and those of them not yet in an engine (waiting in a replica's admission queue, or
 routed there), tokens served (prompt and generated, as the replicas counted them), tokens held now against the
-tenant's `tokens_per_minute` (reservations not yet settled: http/tenant_limits.py), refusals by reason and the output
-tokens the refused requests asked for (n x max_tokens per prompt, plus the refused prompt's own tokens where a
+tenant's `tokens_per_minute` (reservations not yet settled: http/tenant_limits.py), refusals by reason and the tokens
+the refused requests asked for (their output, n x max_tokens per prompt, and the refused prompt's own tokens where a
 replica or the fleet router had counted them before refusing; a refusal before its body was read counts as a request
-only: not reading it is what keeps that refusal cheap). Keyed by
-the tenant's metrics label (configured and key tenants by name, every client address as `by-address`), so the
-label set stays bounded. With several ingress replicas each counts what passes through it.
+only: not reading it is what keeps that refusal cheap). Keyed by the tenant's metrics label (configured and key
+tenants by name, every client address as `by-address`), so the label set stays bounded. With several ingress replicas
+each counts what passes through it.
 """
 
 from __future__ import annotations

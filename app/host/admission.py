@@ -201,14 +201,15 @@ class Admission:
             self._refuse_waiting(order, overtaken, time.monotonic(), targets=True)
 
     def _refuse_waiting(self, queue: list[Ticket], check: set[Ticket], now: float, targets: bool) -> None:
-        """Refuses those of `check` that `queue` (the waiting requests in their order), simulated, now predicts late
-        for their targets (`targets`; else only the queue timeout). Paused ones never: their clients are mid-answer."""
+        """Refuses those of `check` that `queue` (waiting, in order), simulated, predicts late for their targets
+        (`targets`; else the queue timeout); never a paused one (mid-answer) nor one a running request gives way to."""
         assert self.pace is not None
+        check = {t for t in check if not t.paused and not self._slots.yields_to(t.tenant)}
         predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held), [t.work(now) for t in queue],
                                               self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):
             late = over_time(prediction, ticket.targets if targets else Targets(), now - ticket.queued_at,
-                             self.queue_timeout_s) if ticket in check and not ticket.paused else None
+                             self.queue_timeout_s) if ticket in check else None
             if late is not None:
                 self._waiting.remove(ticket, refused=True)
                 ticket.state = RESERVED  # out of the queue; its release only gives back its place in the system
@@ -217,9 +218,8 @@ class Admission:
                 self.demand.refused(steps * self.pace.output_share, now)
                 ticket.wake(late)
 
-    async def _admit(
-        self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int, max_steps: int
-    ) -> None:
+    async def _admit(self, ticket: Ticket, tokens: int, timeout_s: float, targets: Targets, prompt_tokens: int,
+                     max_steps: int) -> None:
         assert ticket.state == RESERVED, ticket.state
         ticket.tokens, ticket.prompt_tokens, ticket.max_steps = tokens, prompt_tokens, max_steps
         self._refuse_late(ticket, targets)

@@ -112,6 +112,10 @@ class Slots(Generic[R]):
         """The prompt tokens the engine prefills before `item`'s first output, its own included (held, no output)."""
         return sum(r.prompt_tokens for r in self.held if not r.last_output and not self.prefills_after(r, item.tenant))
 
+    def yields_to(self, tenant: Tenant) -> bool:
+        """Whether a running request would give its slot to a waiting one of `tenant` (its counter as it stands)."""
+        return to_yield(self.held, tenant, self.served(tenant), self.served) is not None
+
     def for_newcomer(self, tenant: Tenant, served: float) -> list[R]:
         """The running requests a newcomer of `tenant` is predicted behind: not the one that will yield to it."""
         victim = self.yielding or to_yield(self.held, tenant, served, self.served)

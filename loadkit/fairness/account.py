@@ -30,6 +30,7 @@ class Answer:
     sent: float
     status: int = 0
     code: str = ""
+    message: str = ""  # a refusal's own words (a refusal by time names the predicted wait)
     first: float | None = None  # its first generated token
     ended: float | None = None
     prompt_tokens: int = 0

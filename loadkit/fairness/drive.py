@@ -54,9 +54,11 @@ class Driver:
                 answer.status = r.status_code
                 if r.status_code != 200:
                     try:
-                        answer.code = error_code(json.loads(await r.aread())) or ""
-                    except ValueError:
-                        answer.code = "?"
+                        body = json.loads(await r.aread())
+                        answer.code = error_code(body) or ""
+                        answer.message = str((body.get("error") or {}).get("message", ""))[:300]
+                    except (ValueError, AttributeError):
+                        answer.code = answer.code or "?"
                     return
                 async for event in ChatStream(r).events():
                     usage = event.get("usage") or {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from app.host.admission import Admission, Targets
 from app.host.pace import EnginePace
 from app.tenancy import Tenant
 from tests.support.fake_stack import Stack, chat_body, make_config
+from tests.support.waiting import until
 
 TOKEN_S = 0.02  # the fake engine's time per token
 
@@ -436,3 +438,29 @@ async def test_an_interactive_arrival_is_not_predicted_behind_batch_prompts_the_
     assert late_batch.backlog == 7 * 2_000 + 100  # a batch prompt waits for every prompt before it
     for ticket in (*flood, chat, late_batch):
         ticket.release()
+
+
+async def test_a_waiting_request_a_running_one_gives_way_to_is_not_refused_for_the_ends_the_sweep_predicts():
+    """The queue's sweep predicts each waiting request's start at the running ones' ends. An interactive request behind
+    a batch flood holding every slot was refused for a start predicted 143 s away, past the 30 s queue timeout (the
+    Xeon's prio run of 2026-12-06 11:02, docs/tenants.md), though a batch request gives it its slot at its next output.
+    """
+    admission = Admission(max_running=2, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=_paced(1.0))
+    flood = [admission.reserve(Tenant("flood", batch=True)) for _ in range(2)]
+    for ticket in flood:
+        ticket.pausable = True
+        await ticket.admit(1_010, 30, prompt_tokens=10, max_steps=1_000)  # 1,000 tokens of 1 s: ends far past 30 s
+        ticket.produced(1)
+    chat = admission.reserve(Tenant("chat"))
+    admitted = asyncio.create_task(chat.admit(20, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=10))
+    await until(lambda: chat.state == "waiting", what="the chat queued behind the flood")
+    admission._sweep(time.monotonic(), judged=True)  # as on the flood's next first token
+    await asyncio.sleep(0)
+    assert not admitted.done() and admission.stats().refused_over_time_target == 0
+    victim = next(t for t in flood if t.yield_asked)
+    paused = asyncio.create_task(victim.pause(30))
+    await admitted  # in the slot the batch request gave back
+    assert chat.state == "running"
+    for ticket in (chat, *flood):
+        ticket.release()
+    await paused

@@ -204,7 +204,7 @@ class Admission:
         """Refuses those of `check` that `queue` (waiting, in order), simulated, predicts late for their targets
         (`targets`; else the queue timeout); never a paused one (mid-answer) nor one a running request gives way to."""
         assert self.pace is not None
-        check = {t for t in check if not t.paused and not self._slots.yields_to(t.tenant)}
+        check = {t for t in check if not t.paused} - self._slots.given_way(check)
         predictions = self.pace.predict_queue((t.work(now) for t in self._slots.held), [t.work(now) for t in queue],
                                               self.max_running)
         for ticket, prediction in zip(queue, predictions, strict=False):

@@ -112,9 +112,12 @@ class Slots(Generic[R]):
         """The prompt tokens the engine prefills before `item`'s first output, its own included (held, no output)."""
         return sum(r.prompt_tokens for r in self.held if not r.last_output and not self.prefills_after(r, item.tenant))
 
-    def yields_to(self, tenant: Tenant) -> bool:
-        """Whether a running request would give its slot to a waiting one of `tenant` (its counter as it stands)."""
-        return to_yield(self.held, tenant, self.served(tenant), self.served) is not None
+    def given_way(self, waiting: Collection[R]) -> set[R]:
+        """Those of `waiting` a running request would give its slot to (their counters as they stand; one look per
+        tenant: the queue's sweep asks this of every waiting request)."""
+        tenants = {r.tenant for r in waiting}
+        yes = {t for t in tenants if to_yield(self.held, t, self.served(t), self.served) is not None}
+        return {r for r in waiting if r.tenant in yes}
 
     def for_newcomer(self, tenant: Tenant, served: float) -> list[R]:
         """The running requests a newcomer of `tenant` is predicted behind: not the one that will yield to it."""

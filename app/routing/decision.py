@@ -56,12 +56,13 @@ class Decision:
 
 
 def rank(candidates: list[Candidate], with_room: Collection[str], first_block: int | None, rng: random.Random
-         ) -> tuple[list[Candidate], int]:
-    """`candidates` best first (those `with_room` before the others), and how many lead as near-ties. Among near-ties
-    those that hold the most of the prompt lead: the same first token for less work, and one copy of a prefix in the
-    fleet instead of two (W1's prefixes fit the two caches only once each). Exact ties are ordered by the prompt's
-    `first_block` and the replica (rendezvous hashing, stable across processes), so that every ingress replica puts a
-    new prefix on the same replica while prefixes spread; at random for a prompt under a block."""
+         ) -> tuple[list[Candidate], int, Candidate]:
+    """`candidates` best first (those `with_room` before the others), how many lead as near-ties, and the soonest of
+    them (what a refusal by time is judged on). Among near-ties those that hold the most of the prompt lead: the same
+    first token for less work, and one copy of a prefix in the fleet instead of two (W1's prefixes fit the two caches
+    only once each). Exact ties are ordered by the prompt's `first_block` and the replica (rendezvous hashing, stable
+    across processes), so that every ingress replica puts a new prefix on the same replica while prefixes spread; at
+    random for a prompt under a block."""
     ordered = sorted(candidates, key=lambda c: (
         c.replica not in with_room, math.floor(c.first_token_s / TIE_S),
         zlib.crc32(f"{first_block}:{c.replica}".encode()) if first_block is not None else rng.random()))
@@ -71,4 +72,4 @@ def rank(candidates: list[Candidate], with_room: Collection[str], first_block: i
             and c.first_token_s <= soonest.first_token_s + slack]
     most = max(c.cached_tokens for c in near)
     warmest = [c for c in near if c.cached_tokens == most]
-    return warmest + [c for c in ordered if c not in warmest], len(warmest)
+    return warmest + [c for c in ordered if c not in warmest], len(warmest), soonest

@@ -131,8 +131,7 @@ class FleetRouter:
             candidates.append(Candidate(replica, first, cached, measured))
         with_room = {c.replica for c in candidates
                      if loads[c.replica].room - len(self._replicas[c.replica].pending) > 0}
-        candidates, near = rank(candidates, with_room, names[0] if names else None, self._rng)
-        soonest = min(candidates, key=lambda c: (c.replica not in with_room, c.first_token_s))
+        candidates, near, soonest = rank(candidates, with_room, names[0] if names else None, self._rng)
         best = candidates[0]
         decision = Decision(next(self._keys), tuple(candidates), names, tokens, block,
                             self._refusal(soonest, loads[soonest.replica], len(candidates), first_token_target_s,

@@ -172,15 +172,15 @@ class Admission:
                 if ticket.predicted_first_s:
                     self.pace.observed(ticket.predicted_first_s, now - ticket.asked_at)
             else:
-                prefilling = not self.pace.warm and any(not t.last_output for t in self._slots.held)
-                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running, prefilling)
+                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running,
+                                  self._slots.prefilling(ticket.last_output, now))
             if self._waiting and not was_ready and self.pace.ready:
                 self._sweep(now, judged=False)
             elif self._waiting and first and now - self._swept_at >= SWEEP_EVERY_S:
                 self._sweep(now, judged=True)
         ticket.steps += steps
         self.demand.served(steps, now)
-        ticket.last_output, ticket.resuming = now, False
+        self._slots.produced(ticket, now)
         self._waiting.charge(ticket.tenant, generated=steps * ticket.choices)
         self._ask_to_yield()  # served more now, a tenant may owe the waiting head a slot
 

@@ -9,7 +9,9 @@ from its own requests, with no figure hard-coded per machine:
   has to prefill up to and including this request's (`backlog`) and the batch it joins:
   `ttft = a + b * backlog + c * batch` (vLLM schedules prefill in chunks between decode steps, so both
   matter);
-- decode: seconds per output token of one stream, as a line in the batch: `step = d + e * batch`;
+- decode: seconds per output token of one stream, as a line in the batch: `step = d + e * batch`, learnt from steps
+  that prefilled no other prompt (`decoded`); the prefill a running stream waits through is added from the first
+  token's rate `b`: the prompts still to prefill, and those that take the slots freed while it decodes;
 - output length: the share of `max_tokens` a request really generates (most stop at end-of-sequence).
 
 Each is a least-squares fit (numpy) over a window of recent samples, so the estimates follow a change of
@@ -52,9 +54,10 @@ SETTLED = 32  # finished requests and first tokens before the prefill rate count
 # extrapolation); from a light load alone (1-3 streams) the fit's slope times 32 put capacity at 25-96 output tokens/s
 # on the 2-core EPYC where full batches measured 189-295 (docs/autoscaling.md).
 FULL_BATCH_SHARE = 0.5
-# Until a decode sample is taken with no other prompt prefilling, decode samples taken while one is are not learnt
-# from, up to this many per slot: a fresh replica's first batch prefills all its prompts between its first decode
-# steps, which made 2.81 s a token where the same batch decoded at 0.09 once they were done (docs/overload.md).
+# Decode samples taken while another prompt prefilled are not learnt from (the prefill is counted on its own, from
+# the first-token fit): a fresh replica's first batch made 2.81 s a token where the same batch decoded at 0.09 once
+# its prompts were in (docs/overload.md), and a flood's first 32 prompts put a warm replica's step at 1.1 s against
+# 0.15 (docs/tenants.md). Until a clean sample comes, such samples are learnt after this many per slot.
 PREFILL_STORM_SAMPLES = 8
 
 
@@ -105,7 +108,7 @@ class EnginePace:
         self._finished = 0
         self._late: deque[float] = deque(maxlen=LATENESS_WINDOW)  # actual / predicted first token
         self._full_batch: float | None = None  # output tokens/s last measured near a full batch
-        self._warm = False  # a decode sample was taken with no other prompt prefilling (PREFILL_STORM_SAMPLES)
+        self._clean = False  # a decode sample was taken with no other prompt prefilling (PREFILL_STORM_SAMPLES)
         self._skipped = 0
 
     # -- learning ------------------------------------------------------------------------------
@@ -117,17 +120,17 @@ class EnginePace:
 
     def decoded(self, batch: int, tokens: int, seconds: float, max_running: int = 0, prefilling: bool = False) -> None:
         """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran, of at most
-        `max_running` (0: not said), other prompts `prefilling` meanwhile or not. A sample near a full batch
-        (FULL_BATCH_SHARE) renews the full-batch figure `capacity` keeps: the window's pace at `max_running`,
-        measured while the batch is that full. Renewed while the window held any such sample (as before), the last
-        light samples of a window would have set it to nearly the light load's extrapolation."""
+        `max_running` (0: not said), other prompts `prefilling` meanwhile or not (such a sample is left out, see
+        PREFILL_STORM_SAMPLES). A sample near a full batch (FULL_BATCH_SHARE) renews the full-batch figure `capacity`
+        keeps: the window's pace at `max_running`, measured while the batch is that full. Renewed while the window
+        held any such sample (as before), the last light samples of a window would have set it to nearly the light
+        load's extrapolation."""
         if tokens <= 0 or seconds <= 0:
             return
-        if not self._warm:
-            if prefilling and self._skipped < PREFILL_STORM_SAMPLES * max(1, max_running):
-                self._skipped += 1
-                return
-            self._warm = True
+        if prefilling and (self._clean or self._skipped < PREFILL_STORM_SAMPLES * max(1, max_running)):
+            self._skipped += 1
+            return
+        self._clean = self._clean or not prefilling
         self._decode.add((batch,), seconds / tokens)
         if max_running and batch >= FULL_BATCH_SHARE * max_running:
             self._full_batch = self.output_tokens_per_s(max_running)
@@ -166,11 +169,6 @@ class EnginePace:
         return self._prompt_mean / self._output_mean
 
     @property
-    def warm(self) -> bool:
-        """Whether decode samples are learnt from whatever prefills beside them (see `decoded`)."""
-        return self._warm
-
-    @property
     def ready(self) -> bool:
         return len(self._ttft) >= MIN_SAMPLES and len(self._decode) > 0
 
@@ -195,13 +193,15 @@ class EnginePace:
             return []
         running = list(running)
         batch = max(1, min(max_running, len(running) + len(queue)))
-        per_token = self._per_token_s(batch)
+        prefill_s = self._prefill_s_per_token()
+        per_token = self._per_token_s(batch) + batch * (self.prompt_per_output() or 0.0) * prefill_s  # + churn
+        pending_s = prefill_s * sum(w.prompt_tokens for w in running if not w.first_output)
         # Slots: when each frees (running requests at their expected end; free slots now).
         slots: list[float] = []
         # (first token at, prompt tokens, before the queue's) of prefills not yet done
         backlog: list[tuple[float, int, bool]] = []
         for work in running:
-            first = 0.0
+            first = pending_s  # a decoding stream waits through the prompts still to prefill
             if not work.first_output:
                 ahead = sum(tokens for _, tokens, _ in backlog)
                 first = max(0.0, self._first_token_s(ahead + work.prompt_tokens, batch) - work.started_s_ago)
@@ -225,6 +225,11 @@ class EnginePace:
             out.append(Prediction(start_s=start * late, first_token_s=first * late,
                                   finish_s=first * late + finish - first, model_first_token_s=first))
         return out
+
+    def _prefill_s_per_token(self) -> float:
+        """The first-token fit's `b`, without the lateness: the engine's time per prompt token."""
+        coef = self._ttft.coef()
+        return float(coef[1]) if coef is not None else 0.0
 
     def prefill_s_per_token(self) -> float | None:
         """Seconds each more prompt token to prefill adds to a first token (the fit's `b`, times the lateness)."""

@@ -27,6 +27,7 @@ class Running(Protocol):
     started: float
     pausable: bool  # its host can pause and resume it (app/host/pauses.py)
     last_output: float
+    resuming: bool  # back from a pause, its first output since not yet come (the engine prefills it again)
     prompt_tokens: int
     tokens: int  # prompt + every choice's max_tokens: what it holds of the token budget
 
@@ -71,6 +72,7 @@ class Slots(Generic[R]):
         self.tokens_in_use = 0
         self.seqs = 0  # engine sequences: every choice of every request held
         self.yielding: R | None = None
+        self.prefilled_at = 0.0  # the last first output (or first after a resume): a prompt's prefill ended then
 
     def __len__(self) -> int:
         return len(self.held)
@@ -96,6 +98,19 @@ class Slots(Generic[R]):
         self.held.discard(item)
         self.tokens_in_use -= item.tokens
         self.seqs -= max(1, item.choices)
+
+    def produced(self, item: R, now: float) -> None:
+        """`item` had an output at `now`."""
+        if not item.last_output or item.resuming:
+            self.prefilled_at = now
+        item.last_output, item.resuming = now, False
+
+    def prefilling(self, since: float, now: float) -> bool:
+        """Whether the engine prefilled a prompt between `since` and `now` (a stream's last output and this one): one
+        held has had no output yet (or none since its resume), or one had its first in the step ending now. The
+        outputs of one step come one after another: a first output in the earlier half of the time belongs to the
+        step that ended at `since`."""
+        return self.prefilled_at > (since + now) / 2 or any(not r.last_output or r.resuming for r in self.held)
 
     def ask_to_yield(self, waiting: Tenant, waiting_served: float) -> None:
         """Asks one running request to pause for `waiting`'s, unless one already has been."""

@@ -34,25 +34,53 @@ def test_nothing_is_predicted_until_enough_requests_were_measured():
 
 def test_a_first_batch_s_prefill_storm_teaches_no_decode_pace(monkeypatch):
     """A fresh replica's first batch prefills all its prompts between its first decode steps: those steps took 2.81 s
-    a token where the batch decoded at 0.09 once the prefill was done (docs/overload.md). Until a decode sample is
-    taken with no other prompt prefilling, samples taken while one is are left out; after it, every sample counts
-    (a steady load always prefills something beside its decode)."""
+    a token where the batch decoded at 0.09 once the prefill was done (docs/overload.md). Samples taken while a
+    prompt prefills are left out; only a replica that never takes a clean one learns from them, after 8 per slot."""
     monkeypatch.setattr(rate_fit, "_REFIT_SAMPLES", 1)  # every sample refits
     pace = EnginePace()
     for backlog in (100, 200, 300, 400):
         pace.first_token(backlog, 32, backlog * 0.01)
     for _ in range(40):
         pace.decoded(32, 1, 2.8, max_running=32, prefilling=True)
-    assert not pace.warm and not pace.ready  # nothing learnt of the decode yet: admission by count alone
+    assert not pace.ready  # nothing learnt of the decode yet: admission by count alone
     pace.decoded(32, 1, 0.09, max_running=32)
-    assert pace.warm and pace.ready
+    assert pace.ready
     assert pace.output_tokens_per_s(32) == pytest.approx(32 / 0.09)
-    pace.decoded(32, 1, 0.2, max_running=32, prefilling=True)  # warm: learnt from
-    assert pace.output_tokens_per_s(32) < 32 / 0.09
     never_clean = EnginePace()  # every sample beside a prefill: learnt from after 8 per slot
     for _ in range(8 * 4 + 1):
         never_clean.decoded(4, 1, 0.1, max_running=4, prefilling=True)
-    assert never_clean.warm and never_clean.output_tokens_per_s(4) == pytest.approx(40)
+    assert never_clean.output_tokens_per_s(4) == pytest.approx(40)
+
+
+def test_after_a_clean_sample_a_flood_s_prefill_teaches_no_decode_pace(monkeypatch):
+    """A warm replica's decode steps beside a flood's first 32 prompts took 1.1 s a token where the batch decodes at
+    0.15 (the prio suite's interactive flood, docs/tenants.md): learnt, they put every running stream's end a minute
+    away, and an interactive arrival was refused for a first token predicted 52.9 s away that came within 3 s."""
+    monkeypatch.setattr(rate_fit, "_REFIT_SAMPLES", 1)
+    pace = EnginePace()
+    for batch in (1, 2, 3, 4) * 8:
+        pace.decoded(batch, 1, 0.01 + 0.004 * batch, max_running=32)
+    before = pace.output_tokens_per_s(32)
+    for _ in range(200):
+        pace.decoded(32, 1, 1.1, max_running=32, prefilling=True)
+    assert pace.output_tokens_per_s(32) == before
+
+
+def test_the_prefill_a_running_stream_waits_through_is_added_to_its_end():
+    """Decode is learnt without prefill, so a running stream's end adds the prompts still to prefill (at the
+    first-token fit's rate) and, once the mix is known, the prompts that take the slots it and others free."""
+    pace = _trained(prefill_s_per_token=0.002)
+    decoding = Work(prompt_tokens=100, max_tokens=10, generated=5, started_s_ago=1.0, first_output=True)
+    alone = pace.predict_queue([decoding], [Work(10, 10)], max_running=1)[0]
+    prefilling = Work(prompt_tokens=1_000, max_tokens=10, started_s_ago=0.0)
+    beside = pace.predict_queue([decoding, prefilling], [Work(10, 10)], max_running=2)[0]
+    # the newcomer starts when `decoding` ends, 1,000 prompt tokens x 0.002 s later (the batch grew too)
+    assert beside.start_s - alone.start_s >= 2.0
+    for _ in range(40):  # a settled mix: 2 prompt tokens per output token
+        pace.finished(generated=10, max_tokens=10, prompt_tokens=20)
+    churned = pace.predict_queue([decoding], [Work(10, 10)], max_running=1)[0]
+    # each of the 5 tokens left brings 2 prompt tokens to prefill for its batch of 1: + 5 x 2 x 0.002 s
+    assert churned.start_s - alone.start_s == pytest.approx(5 * 2 * 0.002, rel=0.05)
 
 
 def test_the_rates_are_recovered_from_the_samples():

@@ -142,7 +142,7 @@ class _Snapshot:
             lambda s: or_nan(s.pace.prefill_tokens_per_s),
         ),
         "app_decode_seconds_per_token": (
-            "One stream's seconds per output token at the current batch, as measured (NaN: not yet).",
+            "One stream's seconds per output token at the current batch, on steps with no prefill (NaN: not yet).",
             lambda s: or_nan(s.pace.decode_s_per_token),
         ),
         "app_predicted_time_to_first_token_seconds": (

@@ -125,7 +125,7 @@ class Admission:
         self._slots.take(ticket)
         ticket.resuming, ticket.paused = ticket.paused, False
         self._waiting.started(ticket.tenant, 0 if ticket.resuming else ticket.prompt_tokens)
-        ticket.batch = len(self._slots)
+        ticket.batch = self._slots.seqs  # engine sequences, as the pace's batch is counted
         ticket.backlog = self._slots.prefill_before(ticket)
 
     def _refuse_late(self, ticket: Ticket, targets: Targets) -> None:
@@ -172,7 +172,7 @@ class Admission:
                 if ticket.predicted_first_s:
                     self.pace.observed(ticket.predicted_first_s, now - ticket.asked_at)
             else:
-                self.pace.decoded(len(self._slots), steps, now - ticket.last_output, self.max_running,
+                self.pace.decoded(self._slots.seqs, steps, now - ticket.last_output, self.max_running,
                                   self._slots.prefilling(ticket.last_output, now))
             if self._waiting and not was_ready and self.pace.ready:
                 self._sweep(now, judged=False)

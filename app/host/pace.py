@@ -17,11 +17,11 @@ from its own requests, with no figure hard-coded per machine:
 Each is a least-squares fit (numpy) over a window of recent samples, so the estimates follow a change of
 engine speed (a noisy neighbour, a longer context) within `WINDOW` requests or tokens.
 
-`predict` simulates the admission queue: the slots of running requests free at their predicted ends, the
-waiting requests take them in arrival order, and the newcomer's first token comes after its own start
-plus the prefill backlog of those started before it. Nothing is predicted until `MIN_SAMPLES` requests
-have been measured and a decode sample taken outside the first batch's prefill (`decoded`): until then admission is
-by count alone (a fresh replica refuses nothing by time).
+`predict` simulates the admission queue: the slots (engine sequences: a request of n 4 holds four) of running
+requests free at their predicted ends, the waiting requests take them in arrival order, and the newcomer's first
+token comes after its own start plus the prefill backlog of those started before it. Nothing is predicted until
+`MIN_SAMPLES` requests have been measured and a decode sample taken with no prompt prefilling (`decoded`): until then
+admission is by count alone (a fresh replica refuses nothing by time).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class Work:
     # A running request's prefill that waits for the newcomer's: a batch request before an interactive newcomer, the
     # engine taking prompts by class (vLLM's `scheduling_policy: priority`).
     prefill_after: bool = False
+    choices: int = 1  # the engine sequences it runs (n): of the `max_running` the engine holds, as admission counts
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class EnginePace:
         if not self.ready or not queue:
             return []
         running = list(running)
-        batch = max(1, min(max_running, len(running) + len(queue)))
+        batch = max(1, min(max_running, sum(w.choices for w in running) + sum(w.choices for w in queue)))
         prefill_s = self._prefill_s_per_token()
         per_token = self._per_token_s(batch) + batch * (self.prompt_per_output() or 0.0) * prefill_s  # + churn
         pending_s = prefill_s * sum(w.prompt_tokens for w in running if not w.first_output)
@@ -207,7 +208,7 @@ class EnginePace:
                 first = max(0.0, self._first_token_s(ahead + work.prompt_tokens, batch) - work.started_s_ago)
                 backlog.append((first, work.prompt_tokens, not work.prefill_after))
             left = max(0.0, self._output_share * work.max_tokens - work.generated)
-            slots.append(first + left * per_token)
+            slots += [first + left * per_token] * work.choices
         slots += [0.0] * max(0, max_running - len(slots))
         heapq.heapify(slots)
         # The lateness is measured on first tokens and corrects them (and the start before them); the decode after
@@ -216,12 +217,14 @@ class EnginePace:
         late = self.lateness()
         out = []
         for work in queue:
-            start = heapq.heappop(slots)
+            takes = max(1, min(work.choices, max_running))  # one bigger than the engine runs alone
+            start = max(heapq.heappop(slots) for _ in range(takes))
             ahead = sum(tokens for first, tokens, before in backlog if before and first > start)
             first = start + self._first_token_s(ahead + work.prompt_tokens, batch)
             backlog.append((first, work.prompt_tokens, True))
             finish = first + self._output_share * work.max_tokens * per_token
-            heapq.heappush(slots, finish)
+            for _ in range(takes):
+                heapq.heappush(slots, finish)
             out.append(Prediction(start_s=start * late, first_token_s=first * late,
                                   finish_s=first * late + finish - first, model_first_token_s=first))
         return out

@@ -57,7 +57,7 @@ class Ticket:
     def work(self, now: float, prefill_after: bool = False) -> Work:
         return Work(prompt_tokens=self.prompt_tokens, max_tokens=self.max_steps, generated=self.steps,
                     started_s_ago=now - self.started if self.state == RUNNING else 0.0,
-                    first_output=self.last_output > 0, prefill_after=prefill_after)
+                    first_output=self.last_output > 0, prefill_after=prefill_after, choices=max(1, self.choices))
 
     async def wait(self, timeout_s: float) -> bool:
         """Waits in the queue until it runs (True) or `timeout_s` runs out (False)."""

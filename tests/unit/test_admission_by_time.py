@@ -493,3 +493,21 @@ async def test_a_decode_step_is_learnt_only_when_no_prompt_was_prefilled_in_it(n
     assert len(learnt) == 2
     for ticket in (running, newcomer):
         ticket.release()
+
+
+async def test_requests_of_n_4_filling_the_engine_s_sequences_make_a_newcomer_wait_for_their_ends():
+    """8 requests of n 4 (1,000 tokens each) hold all 32 engine sequences: an arrival is predicted behind their ends
+    and refused by time, not queued as if 24 places were free (the hostile run's non-readers, docs/tenants.md)."""
+    admission = Admission(max_running=32, max_queued=64, token_budget=10**6, queue_timeout_s=30, pace=_paced(0.05))
+    holders = [admission.reserve() for _ in range(8)]
+    for ticket in holders:
+        await ticket.admit(10 + 4 * 1_000, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=1_000)
+        ticket.produced(1)
+    assert admission.stats().running == 8
+    newcomer = admission.reserve()
+    with pytest.raises(OverTimeTarget):
+        await newcomer.admit(10 + 16, 30, Targets(first_token_s=10.0), prompt_tokens=10, max_steps=16)
+    newcomer.release()
+    for ticket in holders:
+        ticket.release()
+    assert admission.stats().in_system == 0

@@ -252,3 +252,19 @@ def test_capacity_counts_prefill_at_the_engine_s_rate_not_the_queue_s_lateness()
     for _ in range(64):
         pace.observed(1.0, 4.0)  # admitted requests saw their first tokens 4x later than predicted
     assert pace.lateness() > 1 and pace.capacity(16) == pytest.approx(before)
+
+
+def test_slots_are_engine_sequences_so_requests_of_n_4_fill_them_four_at_a_time():
+    """Admission counts a request's choices as engine sequences (vLLM's `max_num_seqs`), so 8 requests of n 4 fill 32
+    places. The prediction counted requests, saw 24 places free and put every newcomer's start at once: at the
+    hostile run's start 23-25 non-readers of n 4 were queued that way, and a polite request waited behind them."""
+    pace = _trained()
+    holding = [Work(prompt_tokens=50, max_tokens=1_000, generated=1, started_s_ago=1.0, first_output=True, choices=4)
+               for _ in range(8)]
+    behind = pace.predict(Work(prompt_tokens=10, max_tokens=10), holding, [], max_running=32)
+    assert behind is not None and behind.start_s > 1_000 * 0.01  # after a running one's 999 tokens left
+    one_each = [Work(prompt_tokens=50, max_tokens=1_000, generated=1, started_s_ago=1.0, first_output=True)] * 8
+    room = pace.predict(Work(prompt_tokens=10, max_tokens=10), one_each, [], max_running=32)
+    assert room is not None and room.start_s == 0.0
+    wide = pace.predict(Work(prompt_tokens=10, max_tokens=10, choices=4), one_each * 4, [], max_running=34)
+    assert wide is not None and wide.start_s > 0.0  # 2 places free, 4 needed

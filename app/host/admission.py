@@ -54,7 +54,7 @@ class Admission:
     def retry_after_s(self, arriving: int = 0) -> float:
         """When a place frees up: the predicted start of the first queued request (the soonest end of those running);
         unmeasured, or while a burst still tokenizing (or `arriving`) takes the free slots unseen, mean run x rounds."""
-        free, unseen = self.max_running - len(self._slots), self._in_system - len(self._slots) - len(self._waiting)
+        free, unseen = self.max_running - self._slots.seqs, self._in_system - len(self._slots) - len(self._waiting)
         burst = 0 < free <= unseen + arriving  # they will take the free slots: the predictor would see them free
         first_free = None if burst else self._newcomer(behind_queue=False)
         if first_free is not None:

@@ -116,11 +116,11 @@ class EnginePace:
 
     def first_token(self, backlog_tokens: int, batch: int, seconds: float) -> None:
         """A request admitted with `backlog_tokens` to prefill (its own included) into a batch of `batch`
-        running requests had its first output `seconds` after admission."""
+        engine sequences had its first output `seconds` after admission."""
         self._ttft.add((backlog_tokens, batch), seconds)
 
     def decoded(self, batch: int, tokens: int, seconds: float, max_running: int = 0, prefilling: bool = False) -> None:
-        """One stream produced `tokens` more tokens in `seconds` while `batch` requests ran, of at most
+        """One stream produced `tokens` more tokens in `seconds` while `batch` sequences ran, of at most
         `max_running` (0: not said), other prompts `prefilling` meanwhile or not (such a sample is left out, see
         PREFILL_STORM_SAMPLES). A sample near a full batch (FULL_BATCH_SHARE) renews the full-batch figure `capacity`
         keeps: the window's pace at `max_running`, measured while the batch is that full. Renewed while the window

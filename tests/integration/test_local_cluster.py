@@ -577,11 +577,18 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
 def _busiest(deployment: Deployment) -> str:
     """The id of the replica with the most requests in it now (the ingress's /stats). The fleet router sends the
     long streams' shared prompt where its prefix is cached, so they may all be on one replica and none on the other:
-    a fault must hit the one that holds them to prove they move (the CI run of 03:30 stopped the idle one)."""
-    r = httpx.get(f"{deployment.base_url}/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
-    r.raise_for_status()
-    replicas = {rid: s for rid, s in r.json()[MODEL]["replicas"].items() if s is not None}
-    assert replicas, "no replica answered /stats"
+    a fault must hit the one that holds them to prove they move (the CI run of 03:30 stopped the idle one). Asked
+    until every replica Ray lists has answered: a /stats without the busy one (not answered in time, or not yet
+    known to the ingress after a rolling update) once picked an idle replica (the CI run of 2026-12-06 13:57)."""
+    expected = {r.replica_id for r in deployment.cluster.replicas(DEPLOYMENT)}
+
+    def answered() -> dict[str, dict]:
+        r = httpx.get(f"{deployment.base_url}/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        r.raise_for_status()
+        replicas = {rid: s for rid, s in r.json()[MODEL]["replicas"].items() if s is not None}
+        return replicas if expected <= set(replicas) else {}
+
+    replicas = wait_until(answered, timeout_s=60, interval_s=0.5, what=f"/stats from every replica of {expected}")
     return max(replicas, key=lambda rid: replicas[rid]["admission"]["in_system"])
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import types
 
 import pytest
 
 from app.engine.fake import FakeEngine
 from app.errors import NeverInTime, OverTimeTarget, QueueFull
-from app.host.admission import Admission, Targets
+from app.host import admission as admission_module
+from app.host.admission import Admission, Targets, Ticket
 from app.host.pace import EnginePace
 from app.tenancy import Tenant
 from tests.support.fake_stack import Stack, chat_body, make_config
@@ -470,26 +472,33 @@ async def test_a_waiting_request_a_running_one_gives_way_to_is_not_refused_for_t
 async def test_a_decode_step_is_learnt_only_when_no_prompt_was_prefilled_in_it(newcomer_first, monkeypatch):
     """The outputs of one engine step reach admission one after another. A stream's step that also prefilled a
     newcomer's prompt is left out of the decode pace whichever output came first; the next step, with nothing to
-    prefill, is learnt (a first output in the earlier half of a stream's interval ended the step before it)."""
+    prefill, is learnt (a first output in the earlier half of a stream's interval ended the step before it). On the
+    admission's own clock, stepped here: with real sleeps a pause of the test process between two outputs of one
+    step longer than half a step flaked it once on a loaded machine."""
     learnt: list[float] = []
     pace = _paced()
     monkeypatch.setattr(pace, "decoded", lambda batch, tokens, seconds, max_running=0, prefilling=False:
                         None if prefilling else learnt.append(seconds))
+    clock = [1_000.0]
+    monkeypatch.setattr(admission_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def step(*tickets: Ticket) -> None:  # one engine step of 50 ms; its outputs 1 ms apart
+        clock[0] += 0.05
+        for ticket in tickets:
+            ticket.produced(1)
+            clock[0] += 0.001
+
     admission = Admission(max_running=4, max_queued=4, token_budget=10_000, queue_timeout_s=30, pace=pace)
     running = admission.reserve()
     await running.admit(20, 30, prompt_tokens=10, max_steps=10)
-    running.produced(1)  # its first token
-    await asyncio.sleep(0.05)
-    running.produced(1)  # a clean step
+    step(running)  # its first token
+    step(running)  # a clean step
     assert len(learnt) == 1
     newcomer = admission.reserve()
     await newcomer.admit(20, 30, prompt_tokens=10, max_steps=10)
-    await asyncio.sleep(0.05)
-    for ticket in (newcomer, running) if newcomer_first else (running, newcomer):
-        ticket.produced(1)  # the step that prefilled the newcomer's prompt
+    step(*((newcomer, running) if newcomer_first else (running, newcomer)))  # the step that prefilled its prompt
     assert len(learnt) == 1
-    await asyncio.sleep(0.05)
-    running.produced(1)  # the next step: decode alone
+    step(running)  # the next step: decode alone
     assert len(learnt) == 2
     for ticket in (running, newcomer):
         ticket.release()

@@ -241,8 +241,8 @@ class EnginePace:
 
     def prefill_tokens_per_s(self) -> float | None:
         """Prompt tokens prefilled per second (1 / the fit's `b`; None: not measured, or no rate in the window)."""
-        coef = self._ttft.coef()
-        return float(1.0 / coef[1]) if coef is not None and coef[1] > 0 else None
+        b = self._prefill_s_per_token()
+        return 1.0 / b if b > 0 else None
 
     def output_tokens_per_s(self, batch: int) -> float | None:
         """Output tokens per second the engine makes with `batch` streams decoding (None: not measured)."""
@@ -260,8 +260,7 @@ class EnginePace:
         time the prompts' prefill takes. The prefill rate is the fit's own, without the lateness: that corrects
         predicted waits in a queue, not the engine's work."""
         decode = self._full_batch if self._full_batch is not None else self.output_tokens_per_s(max_running)
-        coef = self._ttft.coef() if self.ready else None
-        prefill = None if coef is None else float(coef[1])
+        prefill = self._prefill_s_per_token() if self.ready else None
         return None if decode is None else effective_capacity(decode, prefill, self.prompt_per_output() or 0.0)
 
     def per_request_s(self) -> float | None:

@@ -293,8 +293,8 @@ class Admission:
 
     def stats(self) -> AdmissionStats:
         return AdmissionStats(
-            running=len(self._slots), waiting=len(self._waiting), in_system=self._in_system, aside=self._aside,
-            tokens_in_use=self._slots.tokens_in_use, token_budget=self.token_budget, peak_waiting=self._peak_waiting,
-            refused_queue_full=self._refused_full, refused_queue_timeout=self._refused_timeout,
-            refused_over_time_target=self._refused_time,
+            running=len(self._slots), sequences=self._slots.seqs, waiting=len(self._waiting), in_system=self._in_system,
+            aside=self._aside, tokens_in_use=self._slots.tokens_in_use, token_budget=self.token_budget,
+            peak_waiting=self._peak_waiting, refused_queue_full=self._refused_full,
+            refused_queue_timeout=self._refused_timeout, refused_over_time_target=self._refused_time,
             predicted_first_token_s=round(self._last_prediction.first_token_s, 3) if self._last_prediction else None)

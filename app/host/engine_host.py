@@ -282,7 +282,7 @@ class EngineHost:
             admission=self.admission.stats(),
             engine=sup.engine.stats(),
             kv_cache_tokens=sup.engine.kv_cache_tokens if sup.ready else 0,
-            pace=a.pace.stats(a.stats().running, a.max_running) if a.pace else PaceStats(),
+            pace=a.pace.stats(a.stats().sequences, a.max_running) if a.pace else PaceStats(),
             wedged_total=sup.wedged_total,
             restarts_total=sup.restarts_total,
             restarting=sup.state is EngineState.RESTARTING,

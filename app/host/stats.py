@@ -24,6 +24,7 @@ class AdmissionStats:
     refused_over_time_target: int
     predicted_first_token_s: float | None  # the latest arrival's prediction (None: not yet measured)
     aside: int = 0  # out of the engine while their clients do not read, not counted in in_system
+    sequences: int = 0  # engine sequences held (a request of n choices holds n): the pace's batch
 
 
 @dataclass(frozen=True)

@@ -234,3 +234,17 @@ async def test_stats_peak_waiting():
             await task
         ticket.release()
     assert adm.stats().peak_waiting == 3 and adm.stats().in_system == 0
+
+
+async def test_stats_count_each_choice_as_an_engine_sequence():
+    """vLLM's batch is in sequences (n of them per request): /stats's `sequences` is what the pace figures read."""
+    adm = make(max_running=8, token_budget=10_000)
+    four = adm.reserve()
+    await four.admit(10 + 4 * 20, timeout_s=5, prompt_tokens=10, max_steps=20)  # n 4
+    one = adm.reserve()
+    await one.admit(10 + 20, timeout_s=5, prompt_tokens=10, max_steps=20)
+    assert (adm.stats().running, adm.stats().sequences) == (2, 5)
+    four.release()
+    assert (adm.stats().running, adm.stats().sequences) == (1, 1)
+    one.release()
+    assert adm.stats().sequences == 0

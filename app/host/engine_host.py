@@ -274,15 +274,15 @@ class EngineHost:
         return {"local": await self.stats()}
 
     async def stats(self) -> ReplicaStats:
-        sup, a = self.supervisor, self.admission
+        sup, a, admission = self.supervisor, self.admission, self.admission.stats()
         return ReplicaStats(
             model=self.model.id,
             ready=sup.ready,
             healthy=sup.healthy,
-            admission=self.admission.stats(),
+            admission=admission,
             engine=sup.engine.stats(),
             kv_cache_tokens=sup.engine.kv_cache_tokens if sup.ready else 0,
-            pace=a.pace.stats(a.stats().sequences, a.max_running) if a.pace else PaceStats(),
+            pace=a.pace.stats(admission.sequences, a.max_running) if a.pace else PaceStats(),
             wedged_total=sup.wedged_total,
             restarts_total=sup.restarts_total,
             restarting=sup.state is EngineState.RESTARTING,

@@ -1,14 +1,16 @@
-"""The real engine, in this process (no Ray): does a continued choice sample what it would have? For each of
-greedy, and seeded sampled with and without its generator resumed (app/engine/vllm/generator_resume.py), an
-answer of 48 tokens, then the same request continued from its first k tokens (the prompt's ids plus those k as
-the prompt, 48 - k tokens, the same seed), for several k; prints how many continuations equal the rest of the
-answer token for token, and one JSON line at the end.
+"""The real engine, in this process (no Ray): does a continued choice answer what it would have? For each kind of
+request, an undisturbed answer, then the same request continued from its first k tokens (the prompt's ids plus
+those k as the prompt, the rest of `max_tokens`, the same seed), for several k, each kind with what the service
+does for a continuation (`generator_draws`, app/engine/vllm/generator_resume.py; `resumed_output`,
+app/engine/vllm/output_resume.py) and without it. Prints how many continuations equal the rest of the answer
+token for token, and one JSON line at the end. Kinds: greedy; seeded sampled; greedy with presence and frequency
+penalties; the same under a regex; a bad word whose first token comes just before the cut; a JSON schema (greedy,
+to its end).
 
-    flock /tmp/realstack.lock .venv/bin/python scripts/engine_resume_probe.py [--config configs/cpu.yaml]
+    flock /work/stack.lock .venv/bin/python scripts/engine_resume_probe.py [--config configs/cpu.yaml]
 
-One vLLM engine start (about 25 s here); it leaves no process behind.
+One vLLM engine start (about 10-25 s here); it leaves no process behind.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -26,6 +28,10 @@ from app.engine.vllm.engine import VLLMEngine  # noqa: E402
 
 CUTS = (1, 8, 17, 30, 47)
 TOKENS = 48
+PATTERN = "x( [a-wyz]{3})+"  # a grammar started again at the cut would write a second x
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "hobbies": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "age", "hobbies"]}
 
 
 async def _ids(engine: VLLMEngine, name: str, prompt: list[int], params: GenerationParams) -> list[int]:
@@ -36,26 +42,67 @@ async def _ids(engine: VLLMEngine, name: str, prompt: list[int], params: Generat
     return out
 
 
+def _bad_word(engine: VLLMEngine, answer: list[int]) -> tuple[str, int] | None:
+    """Two tokens of `answer` that make a word vLLM's bad-words matching finds as exactly those two tokens, and
+    where the first one sits (the cut goes right after it)."""
+    for j in range(8, len(answer) - 2):
+        word = engine.decode(answer[j:j + 2])
+        if word.startswith(" ") and len(word.strip()) > 3 and engine.encode(word)[-2:] == answer[j:j + 2] and (
+                len(engine.encode(word.strip())) >= 1):
+            return word.strip(), j
+    return None
+
+
+async def _kind(engine: VLLMEngine, kind: str, prompt: list[int], params: GenerationParams, cuts: tuple[int, ...],
+                resume: bool, whole: list[int] | None = None) -> str:
+    whole = whole if whole is not None else await _ids(engine, f"{kind}-whole", prompt, params)
+    same, diverged = 0, []
+    for k in cuts:
+        rest = replace(params, max_tokens=params.max_tokens - k,
+                       generator_draws=k if resume and params.seed is not None else 0,
+                       resumed_output=k if resume else 0)
+        continued = await _ids(engine, f"{kind}-{k}", [*prompt, *whole[:k]], rest)
+        same += continued == whole[k:]
+        apart = next((i for i, (a, b) in enumerate(zip(continued, whole[k:], strict=False)) if a != b), None)
+        if apart is None and len(continued) != len(whole) - k:
+            apart = min(len(continued), len(whole) - k)
+        diverged.append("same" if apart is None else f"token {k + apart}")
+    print(f"{kind}: continuations equal to the undisturbed answer: {same} of {len(cuts)}; cut at "
+          f"{', '.join(f'{k}: {d}' for k, d in zip(cuts, diverged, strict=True))}", flush=True)
+    return f"{same} of {len(cuts)}"
+
+
 async def probe(engine: VLLMEngine) -> dict[str, str]:
     prompt = engine.render_chat([{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}])
-    kinds = {"greedy": (GenerationParams(max_tokens=TOKENS, temperature=0, ignore_eos=True), False),
-             "seeded, generator resumed": (GenerationParams(max_tokens=TOKENS, temperature=0.8, seed=7,
-                                                            ignore_eos=True), True),
-             "seeded, generator restarted": (GenerationParams(max_tokens=TOKENS, temperature=0.8, seed=7,
-                                                              ignore_eos=True), False)}
+    greedy = GenerationParams(max_tokens=TOKENS, temperature=0, ignore_eos=True)
+    seeded = GenerationParams(max_tokens=TOKENS, temperature=0.8, seed=7, ignore_eos=True)
+    penalties = replace(greedy, presence_penalty=1.5, frequency_penalty=1.0)
     results = {}
-    for kind, (params, resume) in kinds.items():
-        whole = await _ids(engine, f"{kind}-whole", prompt, params)
-        same, diverged = 0, []
-        for k in CUTS:
-            rest = replace(params, max_tokens=TOKENS - k, generator_draws=k if resume else 0)
-            continued = await _ids(engine, f"{kind}-{k}", [*prompt, *whole[:k]], rest)
-            same += continued == whole[k:]
-            apart = next((i for i, (a, b) in enumerate(zip(continued, whole[k:], strict=False)) if a != b), None)
-            diverged.append("same" if apart is None else f"token {k + apart}")
-        results[kind] = f"{same} of {len(CUTS)}"
-        print(f"{kind}: continuations equal to the undisturbed answer: {same} of {len(CUTS)}; cut at "
-              f"{', '.join(f'{k}: {d}' for k, d in zip(CUTS, diverged, strict=True))}", flush=True)
+    pattern = replace(penalties, regex=PATTERN)
+    for kind, params in (("greedy", greedy), ("seeded", seeded), ("penalties", penalties),
+                         ("regex and penalties", pattern)):
+        for resume in (True, False):
+            name = f"{kind}, {'resumed' if resume else 'restarted'}"
+            results[name] = await _kind(engine, name, prompt, params, CUTS, resume)
+    plain = await _ids(engine, "plain", prompt, greedy)
+    found = _bad_word(engine, plain)
+    if found is not None:
+        word, j = found
+        banned = replace(greedy, bad_words=(word,))
+        answer = await _ids(engine, "bad-word-whole", prompt, banned)
+        print(f"bad word {word!r} (tokens {j}-{j + 1} of the plain answer); the answer with it banned keeps token "
+              f"{j}: {answer[j] == plain[j]}", flush=True)
+        for resume in (True, False):
+            name = f"bad word, {'resumed' if resume else 'restarted'}"
+            results[name] = await _kind(engine, name, prompt, banned, (j + 1,), resume, whole=answer)
+    person = engine.render_chat([{"role": "user", "content": "Invent a person: their name, age and hobbies, as JSON."}])
+    schema = GenerationParams(max_tokens=160, temperature=0, json_schema=SCHEMA)
+    whole = await _ids(engine, "json-whole", person, schema)
+    print(f"JSON answer ({len(whole)} tokens): {engine.decode(whole)!r}", flush=True)
+    cuts = tuple(k for k in (1, 5, len(whole) // 3, len(whole) // 2, len(whole) - 3) if 0 < k < len(whole))
+    for resume in (True, False):
+        name = f"json schema, {'resumed' if resume else 'restarted'}"
+        results[name] = await _kind(engine, name, person, schema, cuts, resume, whole=whole)
     return results
 
 

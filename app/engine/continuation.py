@@ -26,11 +26,10 @@ the retryable error), else `resume(i, timeout_s)` for each index of `unfinished(
 A greedy choice continues exactly as it would have (the continuation's prefill computes the same tokens, up to
 CPU float rounding; docs/architecture.md); a seeded sampled one too on a CPU engine, its generator advanced by
 the draws already made (app/engine/vllm/generator_resume.py); an unseeded one continues as a fresh sample of the
-same distribution. Not
-resumable: structured outputs and forced tool calls (the grammar's state is the replica's), `tool_choice:
-"auto"` (the tool-call parser's state is the replica's). Counted over the tokens after the resume only:
-`presence_penalty` and `frequency_penalty` (vLLM counts them over the output), and a `bad_words` entry begun
-before the cut.
+same distribution. The engine counts the choice's tokens so far as its output (`resumed_output`;
+app/engine/vllm/output_resume.py): penalties, bad words and a structured output's grammar (forced tool calls
+included) go on from where the first replica was. Not resumable: `tool_choice: "auto"` (the tool-call parser's
+state is the replica's).
 """
 
 from __future__ import annotations
@@ -49,10 +48,8 @@ class _Choice:
 
 
 def state_on_replica(p: GenerationParams) -> str | None:
-    """What of a request's state stays with its replica (a grammar, a tool-call parser), or None."""
-    if p.json_schema is not None or p.json_object or p.regex is not None or p.choice is not None or (
-            p.grammar is not None):
-        return "its structured output's grammar state stays with the replica that failed"
+    """What of a request's state stays with its replica (a tool-call parser), or None. A grammar's is resumed from
+    the output so far (engine/vllm/output_resume)."""
     if p.auto_tools is not None:
         return "its tool-call parser's state stays with the replica that failed"
     return None
@@ -168,6 +165,7 @@ class Continuation:
             min_tokens=max(0, p.min_tokens - len(done)),
             prompt_logprobs=None,  # the client had the prompt's from the first replica
             generator_draws=len(done) if p.seed is not None and p.temperature > 0 else 0,
+            resumed_output=len(done) if self.prompt_ids is not None else 0,
         )
         return replace(
             self.request,

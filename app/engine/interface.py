@@ -65,6 +65,9 @@ class GenerationParams:
     length_penalty: float = 1.0
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
     generator_draws: int = 0  # a seeded choice resumed: its generator's draws so far (engine/vllm/generator_resume)
+    # A choice resumed: the prompt's last this many ids are its output so far, which penalties, bad words and the
+    # grammar count as output (engine/vllm/output_resume).
+    resumed_output: int = 0
 
 
 @dataclass(frozen=True)

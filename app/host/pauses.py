@@ -14,11 +14,11 @@ still holds most of them), `max_tokens` less what was generated. The client sees
 The engine's outputs are read by a task of their own into a queue the caller drains, so a request notices a pause
 even while its caller is blocked writing to a client that does not read.
 
-Pausable: nothing the engine keeps of the request besides its tokens: no structured output or tool-call parsing
-(grammar state), no stop strings (the engine holds back text that may start one), no presence or frequency penalty
-and no bad_words (counted over the output alone). A greedy choice continues exactly as it would have, a seeded one
-too on the CPU engine (its generator advanced by the draws made), an unseeded one as a fresh sample of the same
-distribution (app/engine/continuation.py). Other requests run to their end as before.
+Pausable: nothing the engine keeps of the request besides its tokens: no tool-call parsing (`tool_choice: "auto"`)
+and no stop strings (the engine holds back text that may start one). Penalties, bad words and a structured output's
+grammar resume over the output so far (app/engine/vllm/output_resume.py). A greedy choice continues exactly as it
+would have, a seeded one too on the CPU engine (its generator advanced by the draws made), an unseeded one as a
+fresh sample of the same distribution (app/engine/continuation.py). Other requests run to their end as before.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ _END = object()
 
 
 def pausable(p: GenerationParams) -> bool:
-    return (not p.stop and not p.bad_words and not p.presence_penalty and not p.frequency_penalty
-            and state_on_replica(p) is None)
+    return not p.stop and state_on_replica(p) is None
 
 
 def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],

@@ -54,6 +54,7 @@ async def test_a_stream_lost_after_answering_continues_on_another_replica_with_i
     assert resumed.prompt.token_ids == (*PROMPT_IDS, 1, 2)
     assert (resumed.params.max_tokens, resumed.params.n, resumed.params.seed) == (3, 1, 7)
     assert resumed.params.temperature == 0 and resumed.continuation and resumed.resumed_tokens == 2
+    assert resumed.params.resumed_output == 2  # the engine counts them as output (engine/vllm/output_resume)
     assert resumed.request_id != request.request_id and resumed.timeout_s <= request.timeout_s
     assert avoid == ("r1",)  # the router leaves the replica that failed out
     assert backend.migrated == {"resumed": 1}
@@ -113,17 +114,31 @@ async def test_a_continuation_lost_again_moves_again_until_the_attempts_run_out(
     assert backend.migrated == {"resumed": ATTEMPTS}
 
 
-@pytest.mark.parametrize("params", [{"json_schema": {"type": "object"}}, {"json_object": True},
-                                    {"auto_tools": ({"type": "function", "function": {"name": "f"}},)}],
-                         ids=["json_schema", "json_object", "auto_tools"])
-async def test_a_request_whose_state_stays_with_the_replica_ends_with_a_retryable_error(params):
+async def test_a_request_whose_tool_call_parser_stays_with_the_replica_ends_with_a_retryable_error():
     lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
     handle = StandInHandle(responses=[lost])
     backend = HandleBackend(handle)
+    auto = {"auto_tools": ({"type": "function", "function": {"name": "f"}},)}
     with pytest.raises(ServiceUnavailable, match="cannot continue on another replica") as raised:
-        await collect(backend, make_request("hello", **params))
+        await collect(backend, make_request("hello", **auto))
     assert raised.value.status == 503 and raised.value.retry_after_s
     assert len(handle.calls) == 1 and backend.migrated == {"unresumable": 1}
+
+
+@pytest.mark.parametrize("params", [{"json_schema": {"type": "object"}}, {"json_object": True}, {"regex": "[a-z]+"},
+                                    {"presence_penalty": 1.0, "frequency_penalty": 0.5}, {"bad_words": ("ab",)}],
+                         ids=["json_schema", "json_object", "regex", "penalties", "bad_words"])
+async def test_a_structured_or_penalised_answer_continues_with_its_output_counted_as_output(params):
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True), delta(0, (2,))],
+                           fail=ActorDiedError())
+    rest = StandInResponse([Admitted(5, replica="r2"), delta(0, (3,), "stop", first=True)])
+    handle = StandInHandle(responses=[lost, rest])
+    backend = HandleBackend(handle)
+    items = await collect(backend, make_request("hello", max_tokens=5, **params))
+    assert text_of(items) == "<1><2><3>" and backend.migrated == {"resumed": 1}
+    resumed = handle.calls[1][1][0]
+    assert resumed.params.resumed_output == 2 and resumed.prompt.token_ids == (*PROMPT_IDS, 1, 2)
+    assert {k: getattr(resumed.params, k) for k in params} == params  # the constraint and penalties go along
 
 
 async def test_a_request_that_failed_for_its_own_sake_does_not_move():

@@ -8,10 +8,11 @@ from dataclasses import replace
 
 from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
-from app.engine.interface import Admitted, GenerateRequest, GenerationDelta
+from app.engine.interface import Admitted, GenerateRequest, GenerationDelta, GenerationParams
 from app.host.admission import Admission
 from app.host.engine_host import EngineHost
 from app.host.fair_queue import FairQueue
+from app.host.pauses import pausable
 from app.host.ticket import Ticket
 from app.tenancy import Tenant
 from tests.support.fake_stack import MAX_MODEL_LEN, make_config, make_request
@@ -269,3 +270,11 @@ async def test_a_client_gone_while_its_stream_is_out_of_the_engine_frees_its_pla
     await stream.aclose()  # the write-stall clock cut the connection
     stats = host.admission.stats()
     assert (stats.in_system, stats.aside) == (0, 0) and not engine.running
+
+
+def test_what_can_pause_is_what_resumes_from_its_tokens_alone():
+    for resumes in ({}, {"presence_penalty": 1.0, "frequency_penalty": 0.5}, {"bad_words": ("x",)},
+                    {"json_schema": {"type": "object"}}, {"regex": "[a-z]+"}):
+        assert pausable(GenerationParams(max_tokens=8, **resumes)), resumes
+    assert not pausable(GenerationParams(max_tokens=8, stop=("end",)))  # the engine holds back what may start one
+    assert not pausable(GenerationParams(max_tokens=8, auto_tools=({"type": "function", "function": {"name": "f"}},)))

@@ -17,7 +17,10 @@ from app.engine.interface import (
 )
 from app.engine.kv_sizing import kv_cache_shortfall
 from app.engine.model_store import resolve_source
+from app.engine.vllm import output_resume
 from app.engine.vllm.generator_resume import DRAWS_KEY
+from app.engine.vllm.output_resume import RESUMED_KEY
+from app.errors import ServiceUnavailable
 
 
 def computes_in_process(model: ModelConfig) -> bool:
@@ -60,6 +63,12 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
     )
 
 
+def _extra_args(p: GenerationParams) -> dict[str, int] | None:
+    """What this service's vLLM plugins read off a continued choice: its generator's draws, its output so far."""
+    extra = {key: value for key, value in ((DRAWS_KEY, p.generator_draws), (RESUMED_KEY, p.resumed_output)) if value}
+    return extra or None
+
+
 def sampling_params(p: GenerationParams) -> SamplingParams:
     structured = None
     if p.json_schema is not None:
@@ -72,6 +81,9 @@ def sampling_params(p: GenerationParams) -> SamplingParams:
         structured = StructuredOutputsParams(choice=list(p.choice))
     elif p.grammar is not None:
         structured = StructuredOutputsParams(grammar=p.grammar)
+    if structured is not None and p.resumed_output and not output_resume.active():
+        raise ServiceUnavailable("this replica's vLLM cannot resume a structured output's grammar (its plugin is "
+                                 "not loaded): send the request again", retry_after_s=1)
     return SamplingParams(
         n=p.n,
         max_tokens=p.max_tokens,
@@ -98,5 +110,5 @@ def sampling_params(p: GenerationParams) -> SamplingParams:
         allowed_token_ids=list(p.allowed_token_ids) if p.allowed_token_ids is not None else None,
         bad_words=list(p.bad_words) or None,
         prompt_logprobs=p.prompt_logprobs,
-        extra_args={DRAWS_KEY: p.generator_draws} if p.generator_draws else None,
+        extra_args=_extra_args(p),
     )

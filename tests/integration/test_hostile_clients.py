@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 import socket
 import uuid
 
@@ -74,13 +75,20 @@ def _read_to_end(sock: socket.socket, timeout_s: float) -> bytes:
     return raw
 
 
+# Words of three letters after an x, which no word has: a grammar started again at a resume would write a second x.
+PATTERN = "x( [a-wyz]{3})+"
+
+
 def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_ends_whole_when_it_reads_again(service):
     """The real engine, the colocated replica's connection clock: a client that stops reading is out of the engine
     within seconds (its slot free, `aside` in /stats) while its connection waits; read again before the write-stall
-    clock runs out, its stream resumes from its own tokens and ends with all of them (app/host/pauses.py)."""
+    clock runs out, its stream resumes from its own tokens and ends with all of them (app/host/pauses.py). A
+    structured output with penalties, so that the engine resumes its grammar and counts its penalties from the tokens
+    already sent (app/engine/vllm/output_resume.py): the text is one match of the pattern."""
     trace = f"pauses-{uuid.uuid4().hex[:8]}"
     body = json.dumps({"model": MODEL, "messages": QUESTION, "stream": True, "max_tokens": 600, "ignore_eos": True,
                        "temperature": 0, "logprobs": True, "top_logprobs": 5,
+                       "structured_outputs": {"regex": PATTERN}, "presence_penalty": 0.5, "frequency_penalty": 0.5,
                        "stream_options": {"include_usage": True}}).encode()
     sock = _connect(service.base_url, rcvbuf=4096)
     try:
@@ -97,6 +105,8 @@ def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_ends_whole_wh
     assert not any("error" in e for e in events), [e for e in events if "error" in e]
     assert events[-1]["usage"]["completion_tokens"] == 600
     assert [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")] == ["length"]
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert re.fullmatch(r"x( [a-wyz]{3})*( [a-wyz]{0,3})?", text), text  # cut off at 600 tokens, maybe mid-word
     (line,) = wait_until(lambda: _engine_lines(service, trace), timeout_s=30, what="its engine log line")
     assert line["outcome"] == "finished" and line["generated_tokens"] == 600 and line["pauses"] >= 1
     assert service.wait_idle(timeout_s=30)["admission"]["aside"] == 0

@@ -55,6 +55,13 @@ def state_on_replica(p: GenerationParams) -> str | None:
     return None
 
 
+def stops_in_engine(p: GenerationParams) -> bool:
+    """The engine is asked to stop on the client's stop strings itself (the text it adds stays the client's), so
+    nothing runs on once this layer has matched one; with stop token ids, or special tokens kept, a stop token's
+    text would be added to the output, and the stop strings are matched here only."""
+    return not p.stop_token_ids and p.skip_special_tokens
+
+
 class Continuation:
     """One request's output so far, per choice (see the module's usage contract)."""
 
@@ -74,7 +81,7 @@ class Continuation:
         params = replace(params, return_token_ids=True)
         if self.choices[0].stops is None:
             return params
-        if params.stop_token_ids or not params.skip_special_tokens:
+        if not stops_in_engine(params):
             return replace(params, stop=())  # a stop token's text would be kept: match here only
         return replace(params, include_stop_str_in_output=True)
 

@@ -14,11 +14,13 @@ still holds most of them), `max_tokens` less what was generated. The client sees
 The engine's outputs are read by a task of their own into a queue the caller drains, so a request notices a pause
 even while its caller is blocked writing to a client that does not read.
 
-Pausable: nothing the engine keeps of the request besides its tokens: no tool-call parsing (`tool_choice: "auto"`)
-and no stop strings (the engine holds back text that may start one). Penalties, bad words and a structured output's
-grammar resume over the output so far (app/engine/vllm/output_resume.py). A greedy choice continues exactly as it
-would have, a seeded one too on the CPU engine (its generator advanced by the draws made), an unseeded one as a
-fresh sample of the same distribution (app/engine/continuation.py). Other requests run to their end as before.
+Pausable: nothing the engine keeps of the request besides its tokens: no tool-call parsing (`tool_choice: "auto"`).
+Stop strings are matched here over the whole choice (the engine, asked to include them, holds back no text), except
+beside stop token ids or kept special tokens, where the engine does not stop on them itself. Penalties, bad words and
+a structured output's grammar resume over the output so far (app/engine/vllm/output_resume.py). A greedy choice
+continues exactly as it would have, a seeded one too on the CPU engine (its generator advanced by the draws made),
+an unseeded one as a fresh sample of the same distribution (app/engine/continuation.py). Other requests run to their
+end as before.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.client import ClientReading
-from app.engine.continuation import Continuation, state_on_replica
+from app.engine.continuation import Continuation, state_on_replica, stops_in_engine
 from app.engine.interface import ChoiceDelta, GenerateRequest, GenerationDelta, GenerationParams
 from app.host.runner import ABORT_TIMEOUT_S, EngineRunner, to_completion
 from app.host.ticket import Ticket
@@ -44,7 +46,8 @@ _END = object()
 
 
 def pausable(p: GenerationParams) -> bool:
-    return not p.stop and state_on_replica(p) is None
+    # Stop strings the engine does not stop on itself would leave it generating, unread, after the match here.
+    return (not p.stop or stops_in_engine(p)) and state_on_replica(p) is None
 
 
 def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],

@@ -52,11 +52,30 @@ async def test_a_stream_whose_client_stops_reading_leaves_the_engine_and_ends_wh
     await until(lambda: idle(fleet), what="every replica idle")
 
 
+async def test_a_stream_with_a_stop_string_paused_at_the_ingress_ends_where_it_would_have():
+    fleet = FakeFleet(replicas=2, engine={"token_delay_s": 0.005})
+    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "stop": ["w30 w31"]}
+    alone = [item async for item in fleet.backend.generate(make_request("a long story", **params))]
+    client, slow = Client(), make_request("a long story", **params)
+    stream = fleet.backend.generate(slow, client)
+    assert isinstance(await anext(stream), Admitted)
+    first = await anext(stream)
+    client.stalled = 10.0
+    await until(lambda: fleet.backend.migrated["paused"] == 1 and idle(fleet), what="the stream out of the engine")
+    client.stalled = 0.0
+    deltas = [first, *[item async for item in stream]]
+    assert texts(deltas, 1) == texts(alone, 1) and texts(deltas, 1)[0].endswith("w29 ")
+    choices = [c for d in deltas if isinstance(d, GenerationDelta) for c in d.choices]
+    assert [(c.finish_reason, c.stop_reason) for c in choices if c.finish_reason] == [("stop", "w30 w31")]
+    await until(lambda: idle(fleet), what="every replica idle")
+
+
 async def test_a_stream_that_cannot_pause_runs_to_its_end_whatever_its_client_does():
     fleet = FakeFleet(replicas=2, engine={"token_delay_s": 0.002})
     client = Client()
+    # Stop strings with special tokens kept: the engine does not stop on them itself (app/engine/continuation.py).
     stream = fleet.backend.generate(make_request("a long story", max_tokens=30, ignore_eos=True,
-                                                 stop=["never-said"]), client)
+                                                 stop=["never-said"], skip_special_tokens=False), client)
     assert isinstance(await anext(stream), Admitted)
     client.stalled = 10.0
     rest = [item async for item in stream]

@@ -23,9 +23,9 @@ from tests.support.fake_stack import MAX_MODEL_LEN, make_config, make_request
 
 
 class _Replica:
-    def __init__(self, name: str):
+    def __init__(self, name: str, token_delay_s: float = 0.0):
         self.name = name
-        self.engine = FakeEngine(max_model_len=MAX_MODEL_LEN)
+        self.engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=token_delay_s)
         self.host = EngineHost(make_config().models[0], self.engine, ServiceConfig())
 
 
@@ -59,9 +59,9 @@ class _Handle:
     """A DeploymentHandle over fake replicas: the first call's replica dies after `dies_after` items, every later
     call goes to a healthy one."""
 
-    def __init__(self, dies_after: int | None):
+    def __init__(self, dies_after: int | None, token_delay_s: float = 0.0):
         self.dies_after = dies_after
-        self.replicas = [_Replica("r1"), _Replica("r2")]
+        self.replicas = [_Replica("r1", token_delay_s), _Replica("r2", token_delay_s)]
         self.requests: list = []
         self.generate_remote = self
 
@@ -87,8 +87,8 @@ def _answer(items: list) -> dict[int, tuple]:
     return {i: tuple(v[:4]) + (tuple(v[4]),) for i, v in sorted(out.items())}
 
 
-async def _through_handle(request, dies_after: int | None) -> tuple[dict, _Handle]:
-    handle = _Handle(dies_after)
+async def _through_handle(request, dies_after: int | None, token_delay_s: float = 0.0) -> tuple[dict, _Handle]:
+    handle = _Handle(dies_after, token_delay_s)
     items = [item async for item in HandleBackend(handle).generate(request)]
     assert sum(isinstance(i, Admitted) for i in items) == 1
     return _answer(items), handle
@@ -134,10 +134,11 @@ async def test_a_resumed_choice_is_sampled_with_its_own_seed():
 
 async def test_a_stop_string_met_across_the_cut_ends_the_resumed_stream_at_once():
     """The next replica's engine sees only its own text; the match is made where all of it is, and the
-    continuation is closed (aborted on its replica) rather than left running."""
+    continuation is closed (aborted on its replica) rather than left running. (The engine takes a little time a
+    token, as a real one does: the replica reads its outputs ahead of the ingress, app/host/pauses.py.)"""
     request = make_request("hello", max_tokens=30, temperature=0, stop=("fake answer",))
     alone = await _on_one_replica(request)
-    continued, handle = await _through_handle(request, dies_after=4)  # "This is a fake " out, "fake" held
+    continued, handle = await _through_handle(request, dies_after=5, token_delay_s=0.02)  # "This is a fake " out
     assert continued == alone and alone[0][1:3] == ("stop", "fake answer")
     resumed = handle.requests[1].request_id
     await handle.replicas[1].engine.wait_aborted(resumed)

@@ -200,11 +200,31 @@ async def test_a_seeded_sampled_stream_paused_gives_its_undisturbed_answer():
     assert len(engine.aborted) == 1
 
 
-async def test_streams_with_stop_strings_are_not_paused_and_the_other_tenant_waits_for_one():
+async def test_a_stream_with_a_stop_string_paused_for_another_tenant_ends_where_it_would_have():
+    """The stop string is matched over the whole choice (the engine asked to include it, so it holds no text back);
+    it spans two tokens and comes well after the pause."""
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
     host = two_slot_host(engine)
-    heavy = [replace(make_request("a long story", max_tokens=20, ignore_eos=True, stop=["never-said"]), tenant=A)
-             for _ in range(2)]
+    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "stop": ["w30 w31", "never said"]}
+    alone, alone_deltas = await answer(host, replace(make_request("a long story", **params), tenant=A))
+    assert alone.endswith("w29 ") and "w30" not in alone
+    heavy = [replace(make_request("a long story", **params), tenant=A) for _ in range(2)]
+    answers = await paused_for_another_tenant(host, heavy)
+    for text, deltas in answers:
+        assert text == alone
+        assert [(c.finish_reason, c.stop_reason) for d in deltas for c in d.choices if c.finish_reason] == [
+            ("stop", "w30 w31")]
+    assert engine.aborted == [heavy[1].request_id]  # the newest paused once, and was not cut short
+    assert host.admission.stats().in_system == 0
+
+
+async def test_stop_strings_the_engine_does_not_stop_on_itself_are_not_paused():
+    engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
+    host = two_slot_host(engine)
+    # With stop token ids the engine is not given the stop strings (a stop token's text would be kept), so after a
+    # match here it would run on unread: such a stream keeps its slot and the other tenant waits for one.
+    heavy = [replace(make_request("a long story", max_tokens=20, ignore_eos=True, stop=["never-said"],
+                                  stop_token_ids=(7,)), tenant=A) for _ in range(2)]
     streams = [await started(host, r) for r in heavy]
     light = asyncio.create_task(answer(host, replace(make_request("hi", max_tokens=3), tenant=B)))
     await asyncio.wait([light, *streams], return_when=asyncio.FIRST_COMPLETED)
@@ -276,5 +296,7 @@ def test_what_can_pause_is_what_resumes_from_its_tokens_alone():
     for resumes in ({}, {"presence_penalty": 1.0, "frequency_penalty": 0.5}, {"bad_words": ("x",)},
                     {"json_schema": {"type": "object"}}, {"regex": "[a-z]+"}):
         assert pausable(GenerationParams(max_tokens=8, **resumes)), resumes
-    assert not pausable(GenerationParams(max_tokens=8, stop=("end",)))  # the engine holds back what may start one
+    assert pausable(GenerationParams(max_tokens=8, stop=("end",)))  # matched over the whole choice
+    assert not pausable(GenerationParams(max_tokens=8, stop=("end",), stop_token_ids=(2,)))
+    assert not pausable(GenerationParams(max_tokens=8, stop=("end",), skip_special_tokens=False))
     assert not pausable(GenerationParams(max_tokens=8, auto_tools=({"type": "function", "function": {"name": "f"}},)))

@@ -48,16 +48,23 @@ class RoundResult:
     twins_differ: tuple[str, ...] = ()  # ... and those that did not
 
 
+# Words of three letters after an x, which no word has: a grammar started again at the cut writes a second x.
+PATTERN = "x( [a-wyz]{3})+"
+
+
 def _twin_requests(base_url: str, api_key: str, model: str) -> dict[str, dict]:
     """Greedy, greedy with a stop string met two thirds into its answer (spanning tokens, held back while it may
-    be starting), seeded n = 2 sampled."""
+    be starting), seeded n = 2 sampled, and greedy under a regex with presence and frequency penalties (the engine
+    resumes the grammar and the penalties' counts from the tokens already sent)."""
     greedy = {**LONG, "extra_body": {"ignore_eos": True}}
     probe = LongStream(base_url, api_key, model, **greedy)
     probe.run()
     at = 2 * len(probe.text) // 3
     stop = probe.text[at : at + 12]
+    structured = {**LONG, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+                  "extra_body": {"ignore_eos": True, "structured_outputs": {"regex": PATTERN}}}
     return {"greedy": greedy, "stop string": {**greedy, "stop": [stop]} if stop.strip() else greedy,
-            "seeded n 2": SAMPLED}
+            "seeded n 2": SAMPLED, "regex, penalties": structured}
 
 
 def _answered(requests: dict[str, dict], base_url: str, api_key: str, model: str) -> list[tuple[str, LongStream]]:

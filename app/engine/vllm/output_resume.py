@@ -68,7 +68,9 @@ def with_prior_output(sample: Callable[..., Any]) -> Callable[..., Any]:
         metadata = batch.sampling_metadata
         if not metadata.output_token_ids:  # no penalty or bad word in the batch reads them
             return sample(self, logits, spec_decode_metadata)
-        batch.update_async_output_token_ids()  # the last step's placeholders filled in before the lists are copied
+        fill = getattr(batch, "update_async_output_token_ids", None)
+        if fill is not None:
+            fill()  # the last step's placeholders (async scheduling) filled in before the lists are copied
         extended = extended_outputs(batch.req_ids, metadata.output_token_ids, self.requests)
         if extended is None:
             return sample(self, logits, spec_decode_metadata)

@@ -16,6 +16,9 @@ grammar would start its JSON again inside the JSON already sent. This vLLM gener
 
 Where vLLM's layout differs, `register` patches nothing and `active()` stays False: the replica then refuses to
 continue a structured output (a retryable 503, as before this plugin) rather than answer with a grammar restarted.
+The grammar is the scheduler's, on any device. The sampler's part patches vLLM's V1 model runner, the one the CPU
+engine runs; on a GPU with Triton, vLLM 0.32 runs its Model Runner V2 instead (`VLLM_USE_V2_MODEL_RUNNER=0` keeps
+V1), where a continuation's penalties and bad words count the tokens after the cut only.
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ def _bad_word(engine: VLLMEngine, answer: list[int]) -> tuple[str, int] | None:
     where the first one sits (the cut goes right after it)."""
     for j in range(8, len(answer) - 2):
         word = engine.decode(answer[j:j + 2])
-        if word.startswith(" ") and len(word.strip()) > 3 and engine.encode(word)[-2:] == answer[j:j + 2] and (
-                len(engine.encode(word.strip())) >= 1):
+        if word.startswith(" ") and len(word.strip()) > 3 and engine.encode(word)[-2:] == answer[j:j + 2]:
             return word.strip(), j
     return None
 
@@ -79,12 +78,13 @@ async def probe(engine: VLLMEngine) -> dict[str, str]:
     penalties = replace(greedy, presence_penalty=1.5, frequency_penalty=1.0)
     results = {}
     pattern = replace(penalties, regex=PATTERN)
+    plain = await _ids(engine, "plain", prompt, greedy)  # the greedy kind's whole answer, and the bad word's source
     for kind, params in (("greedy", greedy), ("seeded", seeded), ("penalties", penalties),
                          ("regex and penalties", pattern)):
         for resume in (True, False):
             name = f"{kind}, {'resumed' if resume else 'restarted'}"
-            results[name] = await _kind(engine, name, prompt, params, CUTS, resume)
-    plain = await _ids(engine, "plain", prompt, greedy)
+            results[name] = await _kind(engine, name, prompt, params, CUTS, resume,
+                                        whole=plain if params is greedy else None)
     found = _bad_word(engine, plain)
     if found is not None:
         word, j = found

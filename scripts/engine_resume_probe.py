@@ -5,7 +5,9 @@ does for a continuation (`generator_draws`, app/engine/vllm/generator_resume.py;
 app/engine/vllm/output_resume.py) and without it. Prints how many continuations equal the rest of the answer
 token for token, and one JSON line at the end. Kinds: greedy; seeded sampled; greedy with presence and frequency
 penalties; the same under a regex; a bad word whose first token comes just before the cut; a JSON schema (greedy,
-to its end).
+to its end); tool_choice "auto" through vLLM's Hermes parser (the answer held to a call by a regex), continued with
+the parser reading again what it had read (`parser_replay`, app/engine/vllm/tool_parsing.py) and without: equal
+when the content and tool-call pieces after the cut are the undisturbed answer's.
 
     flock /work/stack.lock .venv/bin/python scripts/engine_resume_probe.py [--config configs/cpu.yaml]
 
@@ -32,6 +34,12 @@ PATTERN = "x( [a-wyz]{3})+"  # a grammar started again at the cut would write a 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "hobbies": {"type": "array", "items": {"type": "string"}}},
           "required": ["name", "age", "hobbies"]}
+
+
+CALL = (r'Sure\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,9}", "days": [1-7]\}\}'
+        r'</tool_call>')
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
 
 
 async def _ids(engine: VLLMEngine, name: str, prompt: list[int], params: GenerationParams) -> list[int]:
@@ -103,6 +111,42 @@ async def probe(engine: VLLMEngine) -> dict[str, str]:
     for resume in (True, False):
         name = f"json schema, {'resumed' if resume else 'restarted'}"
         results[name] = await _kind(engine, name, person, schema, cuts, resume, whole=whole)
+    results.update(await _tool_calls(engine))
+    return results
+
+
+async def _pieces(engine: VLLMEngine, name: str, prompt: list[int], params: GenerationParams) -> list[tuple]:
+    """Per delta: the text the parser read, its token ids, and what it answered (content; calls without their ids,
+    which are new per request, but with whether one came)."""
+    out = []
+    async for delta in engine.generate(name, prompt, replace(params, return_token_ids=True)):
+        for c in delta.choices:
+            calls = tuple((d.index, d.name, d.arguments, d.id is not None) for d in c.tool_calls)
+            out.append((c.parsed_text or "", tuple(c.token_ids or ()), c.text, calls))
+    return out
+
+
+async def _tool_calls(engine: VLLMEngine) -> dict[str, str]:
+    ask = engine.render_chat([{"role": "user", "content": "What is the weather in Paris for two days?"}],
+                             tools=[TOOL])
+    params = GenerationParams(max_tokens=64, temperature=0, auto_tools=(TOOL,), regex=CALL)
+    whole = await _pieces(engine, "tools-whole", ask, params)
+    print(f"tool call answer ({len(whole)} pieces): {''.join(p[0] for p in whole)!r}; calls: "
+          f"{[c for p in whole for c in p[3]]}", flush=True)
+    results = {}
+    cuts = tuple(k for k in (1, 4, 9, len(whole) // 2, len(whole) - 3) if 0 < k < len(whole))
+    for resume in (True, False):
+        same = 0
+        for k in cuts:
+            done = [i for p in whole[:k] for i in p[1]]
+            rest = replace(params, max_tokens=params.max_tokens - len(done), resumed_output=len(done),
+                           parser_replay=tuple((p[0], p[1]) for p in whole[:k]) if resume else ())
+            continued = await _pieces(engine, f"tools-{k}-{resume}", [*ask, *done], rest)
+            same += [p[2:] for p in continued] == [p[2:] for p in whole[k:]]
+        name = f"tool_choice auto, {'parser replayed' if resume else 'parser afresh'}"
+        results[name] = f"{same} of {len(cuts)}"
+        print(f"{name}: continuations whose content and calls equal the undisturbed answer's: {same} of {len(cuts)}",
+              flush=True)
     return results
 
 
@@ -110,7 +154,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/cpu.yaml")
     args = parser.parse_args()
-    engine = VLLMEngine(load_config(args.config).models[0])
+    model = load_config(args.config).models[0]
+    model = model.model_copy(update={"engine": model.engine.model_copy(update={"tool_call_parser": "hermes"})})
+    engine = VLLMEngine(model)
     engine.start()
     try:
         print(json.dumps(asyncio.run(probe(engine))))

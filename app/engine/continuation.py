@@ -28,8 +28,11 @@ CPU float rounding; docs/architecture.md); a seeded sampled one too on a CPU eng
 the draws already made (app/engine/vllm/generator_resume.py); an unseeded one continues as a fresh sample of the
 same distribution. The engine counts the choice's tokens so far as its output (`resumed_output`;
 app/engine/vllm/output_resume.py): penalties, bad words and a structured output's grammar (forced tool calls
-included) go on from where the first replica was. Not resumable: `tool_choice: "auto"` (the tool-call parser's
-state is the replica's).
+included) go on from where the first replica was. With `tool_choice: "auto"` the model's tool-call parser runs
+beside the engine; each piece it read is kept here (`ChoiceDelta.parsed_text`) and read again by the next
+replica's parser before the new tokens (`parser_replay`; app/engine/vllm/tool_parsing.py). Not resumable:
+`tool_choice: "auto"` with stop strings (the engine matches them on the text before the parser, which this layer
+never sees whole).
 """
 
 from __future__ import annotations
@@ -45,13 +48,14 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     stops: StopStrings | None = None  # the client's stop strings, when matched here
+    parsed: list[tuple[str, tuple[int, ...]]] | None = None  # with auto_tools: what its tool-call parser read
 
 
 def state_on_replica(p: GenerationParams) -> str | None:
-    """What of a request's state stays with its replica (a tool-call parser), or None. A grammar's is resumed from
-    the output so far (engine/vllm/output_resume)."""
-    if p.auto_tools is not None:
-        return "its tool-call parser's state stays with the replica that failed"
+    """What of a request's state stays with its replica, or None. A grammar's is resumed from the output so far
+    (engine/vllm/output_resume), a tool-call parser's from the text it read (engine/vllm/tool_parsing)."""
+    if p.auto_tools is not None and p.stop:
+        return "its stop strings are matched with its tool-call parser on the replica that failed"
     return None
 
 
@@ -72,7 +76,8 @@ class Continuation:
         p = request.params
         matched_here = bool(p.stop) and state_on_replica(p) is None
         self.choices = [_Choice(stops=StopStrings(p.stop, p.include_stop_str_in_output, p.min_tokens)
-                                if matched_here else None) for _ in range(p.n)]
+                                if matched_here else None, parsed=[] if p.auto_tools is not None else None)
+                        for _ in range(p.n)]
         self.resumes = 0  # continuation requests made so far
 
     def _engine_params(self, params: GenerationParams) -> GenerationParams:
@@ -124,6 +129,8 @@ class Continuation:
     def _absorb(self, c: ChoiceDelta) -> ChoiceDelta:
         state = self.choices[c.index]
         state.token_ids.extend(c.token_ids or ())
+        if state.parsed is not None and c.parsed_text is not None:
+            state.parsed.append((c.parsed_text, tuple(c.token_ids or ())))
         if state.stops is not None:
             engine_stopped_on_string = c.finish_reason == "stop" and isinstance(c.stop_reason, str)
             matched = state.stops.add(c.text, c.num_tokens)
@@ -153,6 +160,9 @@ class Continuation:
             return on_replica
         if self.started and self.prompt_ids is None and any(c.token_ids for c in self.choices):
             return "the engine did not report the prompt's token ids"
+        if any(c.parsed is not None and sum(len(ids) for _, ids in c.parsed) != len(c.token_ids)
+               for c in self.choices):
+            return "the engine did not report the text its tool-call parser read"
         return None
 
     def resume(self, index: int, timeout_s: float) -> GenerateRequest:
@@ -173,6 +183,7 @@ class Continuation:
             prompt_logprobs=None,  # the client had the prompt's from the first replica
             generator_draws=len(done) if p.seed is not None and p.temperature > 0 else 0,
             resumed_output=len(done) if self.prompt_ids is not None else 0,
+            parser_replay=tuple(self.choices[index].parsed or ()),
         )
         return replace(
             self.request,

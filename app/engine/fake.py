@@ -185,7 +185,10 @@ class FakeEngine(EngineWaits):
                 choices = []
                 for i, words in enumerate(plans):
                     if not done[i]:
-                        choices.append(self._choice(i, step, words, stops[i], planned))
+                        # The stand-in for a tool-call parser finds the call in the first piece it reads: a
+                        # continuation's parser has read the pieces before (engine/vllm/tool_parsing.py).
+                        parser_fresh = step == first_step and not params.parser_replay
+                        choices.append(self._choice(i, step, words, stops[i], planned, parser_fresh))
                         done[i] = choices[-1].finish_reason is not None
                 first = step == first_step
                 step += 1
@@ -203,7 +206,7 @@ class FakeEngine(EngineWaits):
             self._changed()
 
     def _choice(self, i: int, step: int, words: list[str], stops: StopStrings,
-                params: GenerationParams) -> ChoiceDelta:
+                params: GenerationParams, parser_fresh: bool) -> ChoiceDelta:
         """Choice `i`'s output at `step` (`params` with max_tokens counted from the continuation's start)."""
         token = words[step] if step < len(words) else ""
         matched = stops.add(token, 1)
@@ -215,12 +218,13 @@ class FakeEngine(EngineWaits):
         elif step + 1 >= len(words):
             finish = "stop"
         calls: tuple[ToolCallDelta, ...] = ()
-        if params.auto_tools and step == 0:  # "the model called" the first tool: a parser found it
+        if params.auto_tools and parser_fresh:  # "the model called" the first tool: a parser found it
             calls = (auto_call(params.auto_tools[0], i),)
         self._generated += 1
         return ChoiceDelta(index=i, text=stops.release(finish is not None), num_tokens=1, finish_reason=finish,
                            logprobs=token_logprobs(params, step, token, self.decode), tool_calls=calls,
-                           stop_reason=matched, token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None)
+                           stop_reason=matched, token_ids=(step % VOCAB_SIZE,) if params.return_token_ids else None,
+                           parsed_text=token if params.auto_tools else None)
 
     @property
     def embedding_facts(self) -> EmbeddingFacts:

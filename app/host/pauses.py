@@ -14,9 +14,10 @@ still holds most of them), `max_tokens` less what was generated. The client sees
 The engine's outputs are read by a task of their own into a queue the caller drains, so a request notices a pause
 even while its caller is blocked writing to a client that does not read.
 
-Pausable: nothing the engine keeps of the request besides its tokens: no tool-call parsing (`tool_choice: "auto"`).
-Stop strings are matched here over the whole choice (the engine, asked to include them, holds back no text), except
-beside stop token ids or kept special tokens, where the engine does not stop on them itself. Penalties, bad words and
+Pausable: what resumes from its tokens (and, with `tool_choice: "auto"`, the text its tool-call parser read, which
+the resumed parser reads again). Stop strings are matched here over the whole choice (the engine, asked to include
+them, holds back no text), except beside stop token ids or kept special tokens, where the engine does not stop on
+them itself, and beside tool-call parsing (the engine matches them before the parser). Penalties, bad words and
 a structured output's grammar resume over the output so far (app/engine/vllm/output_resume.py). A greedy choice
 continues exactly as it would have, a seeded one too on the CPU engine (its generator advanced by the draws made),
 an unseeded one as a fresh sample of the same distribution (app/engine/continuation.py). Other requests run to their

@@ -114,13 +114,36 @@ async def test_a_continuation_lost_again_moves_again_until_the_attempts_run_out(
     assert backend.migrated == {"resumed": ATTEMPTS}
 
 
-async def test_a_request_whose_tool_call_parser_stays_with_the_replica_ends_with_a_retryable_error():
-    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
-    handle = StandInHandle(responses=[lost])
+AUTO = {"auto_tools": ({"type": "function", "function": {"name": "f"}},)}
+
+
+def parsed(index: int, ids: tuple[int, ...], raw: str, first: bool = False) -> GenerationDelta:
+    """A piece of a tool_choice "auto" stream: the parser read `raw` and let none of it through as content."""
+    return GenerationDelta(choices=(ChoiceDelta(index=index, text="", num_tokens=len(ids), token_ids=ids,
+                                                parsed_text=raw),), prompt_token_ids=PROMPT_IDS if first else None)
+
+
+async def test_a_tool_choice_auto_answer_continues_with_what_its_parser_read_replayed():
+    lost = StandInResponse([Admitted(3, replica="r1"), parsed(0, (1,), "<tool_call>", first=True),
+                            parsed(0, (2, 3), '{"name"')], fail=ActorDiedError())
+    rest = StandInResponse([Admitted(6, replica="r2"), parsed(0, (4,), ': "f"', first=True)])
+    handle = StandInHandle(responses=[lost, rest])
     backend = HandleBackend(handle)
-    auto = {"auto_tools": ({"type": "function", "function": {"name": "f"}},)}
+    items = await collect(backend, make_request("hello", max_tokens=5, **AUTO))
+    assert sum(c.num_tokens for d in items[1:] for c in d.choices) == 4 and backend.migrated == {"resumed": 1}
+    resumed = handle.calls[1][1][0]
+    assert resumed.params.parser_replay == (("<tool_call>", (1,)), ('{"name"', (2, 3)))
+    assert resumed.params.auto_tools == AUTO["auto_tools"] and resumed.prompt.token_ids == (*PROMPT_IDS, 1, 2, 3)
+
+
+@pytest.mark.parametrize("extra, pieces", [({}, False), ({"stop": ("end",)}, True)],
+                         ids=["the replica did not say what its parser read", "stop strings"])
+async def test_a_tool_choice_auto_answer_that_cannot_move_ends_with_a_retryable_error(extra, pieces):
+    first = parsed(0, (1,), "<tool_call>", first=True) if pieces else delta(0, (1,), first=True)
+    handle = StandInHandle(responses=[StandInResponse([Admitted(3, replica="r1"), first], fail=ActorDiedError())])
+    backend = HandleBackend(handle)
     with pytest.raises(ServiceUnavailable, match="cannot continue on another replica") as raised:
-        await collect(backend, make_request("hello", **auto))
+        await collect(backend, make_request("hello", **AUTO, **extra))
     assert raised.value.status == 503 and raised.value.retry_after_s
     assert len(handle.calls) == 1 and backend.migrated == {"unresumable": 1}
 

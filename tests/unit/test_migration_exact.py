@@ -75,16 +75,18 @@ class _Handle:
 
 
 def _answer(items: list) -> dict[int, tuple]:
-    """Per choice: text, finish reason, stop reason, tokens, token ids; as the client's answer has them."""
+    """Per choice: text, finish reason, stop reason, tokens, token ids, tool-call pieces (with or without an id: the
+    ids are fresh per request); as the client's answer has them."""
     out: dict[int, list] = {}
     for item in items:
         if not isinstance(item, GenerationDelta):
             continue
         for c in item.choices:
-            text, finish, stop, tokens, ids = out.setdefault(c.index, ["", None, None, 0, []])
+            text, finish, stop, tokens, ids, calls = out.setdefault(c.index, ["", None, None, 0, [], []])
             out[c.index] = [text + c.text, c.finish_reason or finish, c.stop_reason if c.finish_reason else stop,
-                            tokens + c.num_tokens, ids + list(c.token_ids or ())]
-    return {i: tuple(v[:4]) + (tuple(v[4]),) for i, v in sorted(out.items())}
+                            tokens + c.num_tokens, ids + list(c.token_ids or ()),
+                            calls + [(d.index, d.name, d.arguments, d.id is not None) for d in c.tool_calls]]
+    return {i: tuple(v[:4]) + (tuple(v[4]), tuple(v[5])) for i, v in sorted(out.items())}
 
 
 async def _through_handle(request, dies_after: int | None, token_delay_s: float = 0.0) -> tuple[dict, _Handle]:
@@ -98,6 +100,7 @@ async def _on_one_replica(request) -> dict:
     return _answer([item async for item in _Replica("alone").host.generate(request)])
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 CASES = {
     "greedy": dict(max_tokens=7, temperature=0),
     "stop spanning tokens": dict(max_tokens=12, temperature=0, stop=("answer from",)),
@@ -109,6 +112,7 @@ CASES = {
     "n 3 seeded": dict(max_tokens=6, n=3, temperature=0.8, seed=11),
     "n 2 seeded with stop and ids": dict(max_tokens=12, n=2, temperature=0.8, seed=3, stop=("from t",),
                                          return_token_ids=True),
+    "tool_choice auto": dict(max_tokens=6, n=2, temperature=0, auto_tools=(TOOL,)),
 }
 
 

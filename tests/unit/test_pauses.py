@@ -299,4 +299,6 @@ def test_what_can_pause_is_what_resumes_from_its_tokens_alone():
     assert pausable(GenerationParams(max_tokens=8, stop=("end",)))  # matched over the whole choice
     assert not pausable(GenerationParams(max_tokens=8, stop=("end",), stop_token_ids=(2,)))
     assert not pausable(GenerationParams(max_tokens=8, stop=("end",), skip_special_tokens=False))
-    assert not pausable(GenerationParams(max_tokens=8, auto_tools=({"type": "function", "function": {"name": "f"}},)))
+    auto = ({"type": "function", "function": {"name": "f"}},)
+    assert pausable(GenerationParams(max_tokens=8, auto_tools=auto))  # its parser reads again what it had read
+    assert not pausable(GenerationParams(max_tokens=8, auto_tools=auto, stop=("end",)))

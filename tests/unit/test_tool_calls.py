@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -346,10 +347,10 @@ def test_an_engine_refusal_of_a_forcing_schema_names_tools():
 
 
 class _Vocab:
-    """What vLLM's Hermes parser asks of a tokenizer."""
+    """What vLLM's Hermes and Llama 3 JSON parsers ask of a tokenizer."""
 
     def get_vocab(self) -> dict[str, int]:
-        return {"<tool_call>": 5, "</tool_call>": 6}
+        return {"<tool_call>": 5, "</tool_call>": 6, "<|python_tag|>": 7}
 
 
 def test_auto_calls_through_vllms_hermes_parser():
@@ -365,6 +366,42 @@ def test_auto_calls_through_vllms_hermes_parser():
     assert calls[0].id and calls[0].id.startswith("call_") and calls[0].name == "get_weather"
     assert all(d.id is None and d.name is None for d in calls[1:])
     _valid("get_weather", "".join(d.arguments for d in calls))
+
+
+PARSED = {  # what a model writes for two calls, in the format of the parser that reads it
+    "hermes": 'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+              '</tool_call>\n<tool_call>{"name": "get_weather", "arguments": {"city": "Lyon"}}</tool_call>',
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}; '
+                   '{"name": "get_weather", "parameters": {"city": "Lyon"}}',
+    "pythonic": "[get_weather(city='Paris', days=2), get_weather(city='Lyon')]",
+}
+
+
+@pytest.mark.parametrize("name", PARSED)
+def test_a_parser_that_reads_again_what_the_failed_replica_s_read_goes_on_as_that_one_would(name):
+    """A tool_choice "auto" answer continued on another replica (app/engine/continuation.py): after any piece, a
+    new parser given the pieces read before (`parser_replay`) answers the rest as the first would have, call ids
+    included (a call already named is not named again); a parser that did not read them does not."""
+    from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
+
+    def answers(parser, pieces):
+        outs = [parser.feed(text, list(ids)) for text, ids in pieces]
+        return [(content, [(d.index, d.name, d.arguments, d.id is not None) for d in calls]) for content, calls in outs]
+
+    text, rng = PARSED[name], random.Random(name)
+    cuts = sorted(rng.sample(range(1, len(text)), 24))
+    pieces = [(text[a:b], (i,)) for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(text)], strict=True))]
+    params = GenerationParams(max_tokens=64, auto_tools=tuple(TOOLS))
+    (first,), _ = auto_tool_calls(parser_class(name), _Vocab(), params)
+    whole = answers(first, pieces)
+    assert sum(len(calls) for _, calls in whole) >= 2
+    fresh_differs = 0
+    for k in range(1, len(pieces)):
+        (resumed,), _ = auto_tool_calls(parser_class(name), _Vocab(), replace(params, parser_replay=tuple(pieces[:k])))
+        assert answers(resumed, pieces[k:]) == whole[k:], f"continued after piece {k}"
+        (fresh,), _ = auto_tool_calls(parser_class(name), _Vocab(), params)
+        fresh_differs += answers(fresh, pieces[k:]) != whole[k:]
+    assert fresh_differs >= len(pieces) // 2
 
 
 def test_an_unknown_parser_name_fails_the_engine_start():

@@ -39,7 +39,7 @@ from app.engine.vllm.beam_search import beam_search_outputs
 from app.engine.vllm.from_vllm import choice_delta, prompt_token_logprobs, with_tool_calls
 from app.engine.vllm.refusals import refusal, rejected
 from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
-from app.engine.vllm.tool_parsing import AutoToolCalls, parser_class
+from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
 from app.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,8 @@ class VLLMEngine:
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
-        parsers = self._auto_tool_calls(params)
-        if parsers:
-            params = replace(params, skip_special_tokens=parsers[0].adjust(params.skip_special_tokens))
+        parsers, skip_special = auto_tool_calls(self._tool_parser, self._tokenizer, params)
+        params = replace(params, skip_special_tokens=skip_special)
         try:
             sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:
@@ -222,13 +221,6 @@ class VLLMEngine:
         if isinstance(cause, (ValueError, TypeError)):  # e.g. a lone surrogate in a stop string: not msgpack-encodable
             return rejected(f"the engine could not take this request: {cause}")
         return RuntimeError(f"the engine failed on this request: {cause!r}")
-
-    def _auto_tool_calls(self, params: GenerationParams) -> list[AutoToolCalls]:
-        """One parser per choice for tool_choice "auto" (the protocol refuses "auto" unless the config names a
-        parser, so one is there)."""
-        if params.auto_tools is None or self._tool_parser is None:
-            return []
-        return [AutoToolCalls(self._tool_parser, self._tokenizer, params.auto_tools) for _ in range(params.n)]
 
     @property
     def embedding_facts(self) -> EmbeddingFacts | None:

@@ -87,4 +87,4 @@ def choice_delta(completion: Any, logprobs: int | None, as_ids: bool = False) ->
 
 def with_tool_calls(delta: ChoiceDelta, completion: Any, parsers: list[AutoToolCalls]) -> ChoiceDelta:
     content, calls = parsers[completion.index].feed(completion.text, list(completion.token_ids))
-    return replace(delta, text=content, tool_calls=calls)
+    return replace(delta, text=content, tool_calls=calls, parsed_text=completion.text)

@@ -4,6 +4,11 @@ A model that calls tools on its own writes them in its own format (Hermes' `<too
 which only that model's parser reads, and the parser needs the tokenizer: so it runs here, beside the engine,
 and what leaves the engine is neutral (`ChoiceDelta.text` for the content, `ToolCallDelta`s for the calls).
 Imports vLLM, never FastAPI. Forced calls ("required", a named function) do not come here: app/openai/tool_calls.py.
+
+A choice continued on another replica (app/engine/continuation.py) brings the pieces its parser read there
+(`GenerationParams.parser_replay`): the new parser reads the same pieces first, its answers dropped (the client has
+them), and so holds what the first one held (a call half written, the calls' ids so far) when the new tokens come.
+Parsers are deterministic in what they read: the same pieces leave the same state.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers import ToolParser, ToolParserManager
 
-from app.engine.interface import ToolCallDelta, new_call_id
+from app.engine.interface import GenerationParams, ToolCallDelta, new_call_id
 
 
 def parser_class(name: str) -> type[ToolParser]:
@@ -23,6 +28,20 @@ def parser_class(name: str) -> type[ToolParser]:
     except KeyError:
         names = ", ".join(ToolParserManager.list_registered())
         raise ValueError(f"engine.tool_call_parser '{name}' is not one of vLLM's tool-call parsers: {names}") from None
+
+
+def auto_tool_calls(parser: type[ToolParser] | None, tokenizer: Any,
+                    params: GenerationParams) -> tuple[list[AutoToolCalls], bool]:
+    """One parser per choice for tool_choice "auto" (none without it), each where a continuation's first replica
+    left it, and whether special tokens may be skipped in the text they read."""
+    if params.auto_tools is None or parser is None:
+        return [], params.skip_special_tokens
+    parsers = [AutoToolCalls(parser, tokenizer, params.auto_tools) for _ in range(params.n)]
+    skip = [p.adjust(params.skip_special_tokens) for p in parsers][0]
+    for p in parsers:  # a continuation is one choice
+        for text, token_ids in params.parser_replay:
+            p.feed(text, list(token_ids))
+    return parsers, skip
 
 
 class AutoToolCalls:

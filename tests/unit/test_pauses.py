@@ -200,6 +200,24 @@ async def test_a_seeded_sampled_stream_paused_gives_its_undisturbed_answer():
     assert len(engine.aborted) == 1
 
 
+async def test_a_tool_choice_auto_stream_paused_gives_its_calls_once():
+    """The resumed request's tool-call parser reads again what the first had read (engine/vllm/tool_parsing.py;
+    the fake engine's stand-in finds its call in the first piece it reads): the call is not made twice."""
+    engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
+    host = two_slot_host(engine)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "auto_tools": (tool,)}
+    alone, alone_deltas = await answer(host, replace(make_request("a long story", **params), tenant=A))
+    calls = [(t.index, t.name, t.arguments) for d in alone_deltas for c in d.choices for t in c.tool_calls]
+    assert [name for _, name, _ in calls] == ["get_weather"]
+    heavy = [replace(make_request("a long story", **params), tenant=A) for _ in range(2)]
+    for text, deltas in await paused_for_another_tenant(host, heavy):
+        assert text == alone
+        assert [(t.index, t.name, t.arguments) for d in deltas for c in d.choices for t in c.tool_calls] == calls
+    assert engine.aborted == [heavy[1].request_id]
+    assert host.admission.stats().in_system == 0
+
+
 async def test_a_stream_with_a_stop_string_paused_for_another_tenant_ends_where_it_would_have():
     """The stop string is matched over the whole choice (the engine asked to include it, so it holds no text back);
     it spans two tokens and comes well after the pause."""

@@ -170,7 +170,8 @@ class VLLMEngine:
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
         parsers, skip_special = auto_tool_calls(self._tool_parser, self._tokenizer, params)
-        params = replace(params, skip_special_tokens=skip_special)
+        if parsers:
+            params = replace(params, skip_special_tokens=skip_special)
         try:
             sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:

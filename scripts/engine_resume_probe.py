@@ -43,11 +43,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 
 async def _ids(engine: VLLMEngine, name: str, prompt: list[int], params: GenerationParams) -> list[int]:
-    out: list[int] = []
-    async for delta in engine.generate(name, prompt, replace(params, return_token_ids=True)):
-        for c in delta.choices:
-            out.extend(c.token_ids or ())
-    return out
+    return [i for piece in await _pieces(engine, name, prompt, params) for i in piece[1]]
 
 
 def _bad_word(engine: VLLMEngine, answer: list[int]) -> tuple[str, int] | None:

@@ -183,11 +183,11 @@ class FakeEngine(EngineWaits):
             while not all(done):
                 await self._step()
                 choices = []
+                # The stand-in for a tool-call parser finds the call in the first piece it reads: a
+                # continuation's parser has read the pieces before (engine/vllm/tool_parsing.py).
+                parser_fresh = step == first_step and not params.parser_replay
                 for i, words in enumerate(plans):
                     if not done[i]:
-                        # The stand-in for a tool-call parser finds the call in the first piece it reads: a
-                        # continuation's parser has read the pieces before (engine/vllm/tool_parsing.py).
-                        parser_fresh = step == first_step and not params.parser_replay
                         choices.append(self._choice(i, step, words, stops[i], planned, parser_fresh))
                         done[i] = choices[-1].finish_reason is not None
                 first = step == first_step

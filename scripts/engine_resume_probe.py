@@ -7,7 +7,8 @@ token for token, and one JSON line at the end. Kinds: greedy; seeded sampled; gr
 penalties; the same under a regex; a bad word whose first token comes just before the cut; a JSON schema (greedy,
 to its end); tool_choice "auto" through vLLM's Hermes parser (the answer held to a call by a regex), continued with
 the parser reading again what it had read (`parser_replay`, app/engine/vllm/tool_parsing.py) and without: equal
-when the content and tool-call pieces after the cut are the undisturbed answer's.
+when the content and tool-call pieces after the cut are the undisturbed answer's; the same with a stop string that
+ends the answer inside the call (matched before the parser, read again with it), cut also just before its end.
 
     flock /work/stack.lock .venv/bin/python scripts/engine_resume_probe.py [--config configs/cpu.yaml]
 
@@ -118,28 +119,38 @@ async def _pieces(engine: VLLMEngine, name: str, prompt: list[int], params: Gene
     async for delta in engine.generate(name, prompt, replace(params, return_token_ids=True)):
         for c in delta.choices:
             calls = tuple((d.index, d.name, d.arguments, d.id is not None) for d in c.tool_calls)
-            out.append((c.parsed_text or "", tuple(c.token_ids or ()), c.text, calls))
+            out.append((c.parsed_text or "", tuple(c.token_ids or ()), c.text, calls, c.finish_reason, c.stop_reason))
     return out
 
 
 async def _tool_calls(engine: VLLMEngine) -> dict[str, str]:
+    results = {}
+    for stop in ((), ('"days',)):
+        results.update(await _tool_call_cuts(engine, stop))
+    return results
+
+
+async def _tool_call_cuts(engine: VLLMEngine, stop: tuple[str, ...]) -> dict[str, str]:
     ask = engine.render_chat([{"role": "user", "content": "What is the weather in Paris for two days?"}],
                              tools=[TOOL])
-    params = GenerationParams(max_tokens=64, temperature=0, auto_tools=(TOOL,), regex=CALL)
-    whole = await _pieces(engine, "tools-whole", ask, params)
-    print(f"tool call answer ({len(whole)} pieces): {''.join(p[0] for p in whole)!r}; calls: "
-          f"{[c for p in whole for c in p[3]]}", flush=True)
+    params = GenerationParams(max_tokens=64, temperature=0, auto_tools=(TOOL,), regex=CALL, stop=stop)
+    whole = await _pieces(engine, f"tools-whole-{len(stop)}", ask, params)
+    print(f"tool call answer, stop {stop} ({len(whole)} pieces): {''.join(p[0] for p in whole)!r}; content "
+          f"{''.join(p[2] for p in whole)!r}; calls: {[c for p in whole for c in p[3]]}; ends {whole[-1][4:]}",
+          flush=True)
     results = {}
-    cuts = tuple(k for k in (1, 4, 9, len(whole) // 2, len(whole) - 3) if 0 < k < len(whole))
+    last = (len(whole) - 1,) if stop else (len(whole) - 3,)  # with a stop string: the cut just before it ends
+    cuts = tuple(k for k in (1, 4, 9, len(whole) // 2, *last) if 0 < k < len(whole))
     for resume in (True, False):
         same = 0
         for k in cuts:
             done = [i for p in whole[:k] for i in p[1]]
             rest = replace(params, max_tokens=params.max_tokens - len(done), resumed_output=len(done),
                            parser_replay=tuple((p[0], p[1]) for p in whole[:k]) if resume else ())
-            continued = await _pieces(engine, f"tools-{k}-{resume}", [*ask, *done], rest)
+            continued = await _pieces(engine, f"tools-{len(stop)}-{k}-{resume}", [*ask, *done], rest)
             same += [p[2:] for p in continued] == [p[2:] for p in whole[k:]]
-        name = f"tool_choice auto, {'parser replayed' if resume else 'parser afresh'}"
+        name = f"tool_choice auto{' with a stop string' if stop else ''}, " \
+               f"{'parser replayed' if resume else 'parser afresh'}"
         results[name] = f"{same} of {len(cuts)}"
         print(f"{name}: continuations whose content and calls equal the undisturbed answer's: {same} of {len(cuts)}",
               flush=True)

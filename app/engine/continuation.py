@@ -29,10 +29,9 @@ the draws already made (app/engine/vllm/generator_resume.py); an unseeded one co
 same distribution. The engine counts the choice's tokens so far as its output (`resumed_output`;
 app/engine/vllm/output_resume.py): penalties, bad words and a structured output's grammar (forced tool calls
 included) go on from where the first replica was. With `tool_choice: "auto"` the model's tool-call parser runs
-beside the engine; each piece it read is kept here (`ChoiceDelta.parsed_text`) and read again by the next
-replica's parser before the new tokens (`parser_replay`; app/engine/vllm/tool_parsing.py). Not resumable:
-`tool_choice: "auto"` with stop strings (the engine matches them on the text before the parser, which this layer
-never sees whole).
+beside the engine, and the stop strings are matched there, before it: each step's text is kept here
+(`ChoiceDelta.parsed_text`) and read again by the next replica's stop strings and parser before the new tokens
+(`parser_replay`; app/engine/vllm/tool_parsing.py).
 """
 
 from __future__ import annotations
@@ -48,15 +47,7 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     finished: bool = False
     stops: StopStrings | None = None  # the client's stop strings, when matched here
-    parsed: list[tuple[str, tuple[int, ...]]] | None = None  # with auto_tools: what its tool-call parser read
-
-
-def state_on_replica(p: GenerationParams) -> str | None:
-    """What of a request's state stays with its replica, or None. A grammar's is resumed from the output so far
-    (engine/vllm/output_resume), a tool-call parser's from the text it read (engine/vllm/tool_parsing)."""
-    if p.auto_tools is not None and p.stop:
-        return "its stop strings are matched with its tool-call parser on the replica that failed"
-    return None
+    parsed: list[tuple[str, tuple[int, ...]]] | None = None  # with auto_tools: each step's text and token ids
 
 
 def stops_in_engine(p: GenerationParams) -> bool:
@@ -74,7 +65,7 @@ class Continuation:
         self.prompt_ids: tuple[int, ...] | None = None
         self.admitted: Admitted | None = None
         p = request.params
-        matched_here = bool(p.stop) and state_on_replica(p) is None
+        matched_here = bool(p.stop) and p.auto_tools is None  # with auto tools: before the parser, on the replica
         self.choices = [_Choice(stops=StopStrings(p.stop, p.include_stop_str_in_output, p.min_tokens)
                                 if matched_here else None, parsed=[] if p.auto_tools is not None else None)
                         for _ in range(p.n)]
@@ -155,14 +146,11 @@ class Continuation:
 
     def unresumable(self) -> str | None:
         """Why this request cannot continue on another replica, or None."""
-        on_replica = state_on_replica(self.request.params)
-        if on_replica is not None:
-            return on_replica
         if self.started and self.prompt_ids is None and any(c.token_ids for c in self.choices):
             return "the engine did not report the prompt's token ids"
         if any(c.parsed is not None and sum(len(ids) for _, ids in c.parsed) != len(c.token_ids)
                for c in self.choices):
-            return "the engine did not report the text its tool-call parser read"
+            return "the engine did not report the text its tool-call parser read"  # a replica of an older version
         return None
 
     def resume(self, index: int, timeout_s: float) -> GenerateRequest:

@@ -177,7 +177,12 @@ class FakeEngine(EngineWaits):
             # Beams differ as samples do (each its own words), whatever the temperature.
             plans = [answer_words(replace(planned, temperature=1.0) if params.beam_search else planned, i)
                      for i in range(params.n)]
-            stops = [StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens) for _ in plans]
+            replayed = sum(len(ids) for _, ids in params.parser_replay)
+            stops = [StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens + replayed)
+                     for _ in plans]
+            for text, ids in params.parser_replay:  # auto tools: stop strings read the text before, as the parser
+                stops[0].add(text, len(ids))
+                stops[0].release(False)
             done = [False for _ in plans]
             step = first_step
             while not all(done):

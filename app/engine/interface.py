@@ -68,8 +68,8 @@ class GenerationParams:
     # A choice resumed: the prompt's last this many ids are its output so far, which penalties, bad words and the
     # grammar count as output (engine/vllm/output_resume).
     resumed_output: int = 0
-    # A choice with auto_tools resumed: the pieces (text, token ids) the tool-call parser read before, in order,
-    # which the new replica's parser reads again to be where the first one was (engine/vllm/tool_parsing).
+    # A choice with auto_tools resumed: its steps before (text, token ids), in order, which the new replica's stop
+    # strings and tool-call parser read again to be where the first ones were (engine/vllm/tool_parsing).
     parser_replay: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
@@ -211,7 +211,9 @@ class ChoiceDelta:
     token_ids: tuple[int, ...] | None = None  # with return_token_ids: this piece's token ids
     # vLLM's: what ended a "stop" choice, the stop token id or the stop string (None: end-of-sequence, or running)
     stop_reason: int | str | None = None
-    parsed_text: str | None = None  # with auto_tools: the text the tool-call parser read (a continuation replays it)
+    # With auto_tools: the step's text as the engine made it, before stop strings and the tool-call parser read it
+    # (a continuation replays it).
+    parsed_text: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ still holds most of them), `max_tokens` less what was generated. The client sees
 The engine's outputs are read by a task of their own into a queue the caller drains, so a request notices a pause
 even while its caller is blocked writing to a client that does not read.
 
-Pausable: what resumes from its tokens (and, with `tool_choice: "auto"`, the text its tool-call parser read, which
-the resumed parser reads again). Stop strings are matched here over the whole choice (the engine, asked to include
-them, holds back no text), except beside stop token ids or kept special tokens, where the engine does not stop on
-them itself, and beside tool-call parsing (the engine matches them before the parser). Penalties, bad words and
-a structured output's grammar resume over the output so far (app/engine/vllm/output_resume.py). A greedy choice
-continues exactly as it would have, a seeded one too on the CPU engine (its generator advanced by the draws made),
-an unseeded one as a fresh sample of the same distribution (app/engine/continuation.py). Other requests run to their
-end as before.
+Pausable: what resumes from its tokens (and, with `tool_choice: "auto"`, the text its stop strings and tool-call
+parser read, which the resumed ones read again). Stop strings are matched here over the whole choice (the engine,
+asked to include them, holds back no text), except beside stop token ids or kept special tokens, where the engine
+does not stop on them itself, and beside tool-call parsing (matched before the parser, beside the engine).
+Penalties, bad words and a structured output's grammar resume over the output so far
+(app/engine/vllm/output_resume.py). A greedy choice continues exactly as it would have, a seeded one too on the CPU
+engine (its generator advanced by the draws made), an unseeded one as a fresh sample of the same distribution
+(app/engine/continuation.py). Other requests run to their end as before.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.client import ClientReading
-from app.engine.continuation import Continuation, state_on_replica, stops_in_engine
+from app.engine.continuation import Continuation, stops_in_engine
 from app.engine.interface import ChoiceDelta, GenerateRequest, GenerationDelta, GenerationParams
 from app.host.runner import ABORT_TIMEOUT_S, EngineRunner, to_completion
 from app.host.ticket import Ticket
@@ -47,8 +47,9 @@ _END = object()
 
 
 def pausable(p: GenerationParams) -> bool:
-    # Stop strings the engine does not stop on itself would leave it generating, unread, after the match here.
-    return (not p.stop or stops_in_engine(p)) and state_on_replica(p) is None
+    # Stop strings the engine does not stop on itself would leave it generating, unread, after the match here;
+    # beside auto tools they are matched with the parser, which stops the engine (engine/vllm/tool_parsing).
+    return not p.stop or stops_in_engine(p) or p.auto_tools is not None
 
 
 def engine_stream(runner: EngineRunner, ticket: Ticket, request: GenerateRequest, prompt_ids: list[int],

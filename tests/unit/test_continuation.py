@@ -136,14 +136,29 @@ async def test_a_tool_choice_auto_answer_continues_with_what_its_parser_read_rep
     assert resumed.params.auto_tools == AUTO["auto_tools"] and resumed.prompt.token_ids == (*PROMPT_IDS, 1, 2, 3)
 
 
-@pytest.mark.parametrize("extra, pieces", [({}, False), ({"stop": ("end",)}, True)],
-                         ids=["the replica did not say what its parser read", "stop strings"])
-async def test_a_tool_choice_auto_answer_that_cannot_move_ends_with_a_retryable_error(extra, pieces):
-    first = parsed(0, (1,), "<tool_call>", first=True) if pieces else delta(0, (1,), first=True)
+async def test_a_tool_choice_auto_answer_with_stop_strings_leaves_them_to_the_replica_and_continues():
+    """Beside a tool-call parser the stop strings are matched on the replica, before the parser (the text the
+    client gets is the parser's content): this layer passes the text on as it comes and sends them along."""
+    lost = StandInResponse([Admitted(3, replica="r1"), parsed(0, (1,), "<tool_call>", first=True)],
+                           fail=ActorDiedError())
+    rest = StandInResponse([Admitted(4, replica="r2"),
+                            GenerationDelta(choices=(ChoiceDelta(index=0, text="en", num_tokens=1, token_ids=(2,),
+                                                                 parsed_text="end", finish_reason="stop"),))])
+    handle = StandInHandle(responses=[lost, rest])
+    backend = HandleBackend(handle)
+    items = await collect(backend, make_request("hello", max_tokens=5, stop=("end",), **AUTO))
+    assert text_of(items) == "en" and backend.migrated == {"resumed": 1}  # not held back nor cut here
+    first, resumed = handle.calls[0][1][0], handle.calls[1][1][0]
+    assert first.params.stop == ("end",) and not first.params.include_stop_str_in_output
+    assert resumed.params.stop == ("end",) and resumed.params.parser_replay == (("<tool_call>", (1,)),)
+
+
+async def test_a_tool_choice_auto_answer_whose_replica_did_not_say_what_its_parser_read_ends_with_a_retryable_error():
+    first = delta(0, (1,), first=True)
     handle = StandInHandle(responses=[StandInResponse([Admitted(3, replica="r1"), first], fail=ActorDiedError())])
     backend = HandleBackend(handle)
     with pytest.raises(ServiceUnavailable, match="cannot continue on another replica") as raised:
-        await collect(backend, make_request("hello", **AUTO, **extra))
+        await collect(backend, make_request("hello", **AUTO))
     assert raised.value.status == 503 and raised.value.retry_after_s
     assert len(handle.calls) == 1 and backend.migrated == {"unresumable": 1}
 

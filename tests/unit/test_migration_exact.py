@@ -113,6 +113,9 @@ CASES = {
     "n 2 seeded with stop and ids": dict(max_tokens=12, n=2, temperature=0.8, seed=3, stop=("from t",),
                                          return_token_ids=True),
     "tool_choice auto": dict(max_tokens=6, n=2, temperature=0, auto_tools=(TOOL,)),
+    "tool_choice auto with stop": dict(max_tokens=12, n=2, temperature=0, auto_tools=(TOOL,), stop=("answer from",)),
+    "tool_choice auto with stop past min_tokens": dict(max_tokens=12, temperature=0, auto_tools=(TOOL,),
+                                                       stop=("is", "test"), min_tokens=4),
 }
 
 

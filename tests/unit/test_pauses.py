@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import Admitted, GenerateRequest, GenerationDelta, GenerationParams
@@ -200,14 +202,17 @@ async def test_a_seeded_sampled_stream_paused_gives_its_undisturbed_answer():
     assert len(engine.aborted) == 1
 
 
-async def test_a_tool_choice_auto_stream_paused_gives_its_calls_once():
+@pytest.mark.parametrize("stop", [(), ("w30 w31", "never said")], ids=["no stop", "a stop string after the pause"])
+async def test_a_tool_choice_auto_stream_paused_gives_its_calls_once(stop):
     """The resumed request's tool-call parser reads again what the first had read (engine/vllm/tool_parsing.py;
-    the fake engine's stand-in finds its call in the first piece it reads): the call is not made twice."""
+    the fake engine's stand-in finds its call in the first piece it reads): the call is not made twice. Its stop
+    strings, matched before the parser, read it again too: the answer ends where it would have."""
     engine = FakeEngine(max_model_len=MAX_MODEL_LEN, token_delay_s=0.005)
     host = two_slot_host(engine)
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "auto_tools": (tool,)}
+    params = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "auto_tools": (tool,), "stop": stop}
     alone, alone_deltas = await answer(host, replace(make_request("a long story", **params), tenant=A))
+    assert alone.endswith("w29 ") == bool(stop)
     calls = [(t.index, t.name, t.arguments) for d in alone_deltas for c in d.choices for t in c.tool_calls]
     assert [name for _, name, _ in calls] == ["get_weather"]
     heavy = [replace(make_request("a long story", **params), tenant=A) for _ in range(2)]
@@ -319,4 +324,4 @@ def test_what_can_pause_is_what_resumes_from_its_tokens_alone():
     assert not pausable(GenerationParams(max_tokens=8, stop=("end",), skip_special_tokens=False))
     auto = ({"type": "function", "function": {"name": "f"}},)
     assert pausable(GenerationParams(max_tokens=8, auto_tools=auto))  # its parser reads again what it had read
-    assert not pausable(GenerationParams(max_tokens=8, auto_tools=auto, stop=("end",)))
+    assert pausable(GenerationParams(max_tokens=8, auto_tools=auto, stop=("end",)))  # matched before the parser

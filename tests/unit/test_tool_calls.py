@@ -404,6 +404,42 @@ def test_a_parser_that_reads_again_what_the_failed_replica_s_read_goes_on_as_tha
     assert fresh_differs >= len(pieces) // 2
 
 
+@pytest.mark.parametrize("include", [False, True], ids=["stop cut", "stop kept"])
+def test_stop_strings_beside_a_parser_are_matched_before_it_and_go_on_across_a_cut(include):
+    """With tool_choice "auto" the replica matches the stop strings before the parser, as vLLM's detokenizer does
+    before its serving layer's parser (the text that may start one held back), and asks the engine for none. A
+    continuation reads the steps before again: after any piece the rest is what one replica gives, and a stop
+    string spanning the cut still ends the choice."""
+    from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
+
+    text = PARSED["hermes"]  # the stop string cuts its second call
+    params = GenerationParams(max_tokens=64, auto_tools=tuple(TOOLS), stop=("Lyo", "nowhere"),
+                              include_stop_str_in_output=include)
+    pieces = [(text[i:i + 5], (i,)) for i in range(0, len(text), 5)]
+
+    def answers(parser, pieces):
+        out = []
+        for piece, ids in pieces:
+            if parser.ended:
+                break
+            d = parser.read(ChoiceDelta(index=0, text=piece, num_tokens=len(ids)), list(ids))
+            out.append((d.text, [(c.index, c.name, c.arguments, c.id is not None) for c in d.tool_calls],
+                        d.finish_reason, d.stop_reason, d.parsed_text))
+        return out
+
+    (first,), engine_params = auto_tool_calls(parser_class("hermes"), _Vocab(), params)
+    assert engine_params.stop == () and engine_params.skip_special_tokens is False
+    whole = answers(first, pieces)
+    assert whole[-1][2:4] == ("stop", "Lyo") and len(whole) < len(pieces)
+    assert "".join(a[0] for a in whole).strip() == "Let me check."
+    arguments = "".join(c[2] or "" for a in whole for c in a[1])
+    assert "Paris" in arguments and ("Lyo" in arguments) == include
+    for k in range(1, len(whole)):
+        resumed_params = replace(params, parser_replay=tuple(pieces[:k]))
+        (resumed,), _ = auto_tool_calls(parser_class("hermes"), _Vocab(), resumed_params)
+        assert answers(resumed, pieces[k:]) == whole[k:], f"continued after piece {k}"
+
+
 def test_an_unknown_parser_name_fails_the_engine_start():
     from app.engine.vllm.tool_parsing import parser_class
 

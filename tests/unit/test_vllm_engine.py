@@ -160,6 +160,7 @@ def test_choice_delta_with_logprobs():
 class SamplingRequest:
     def __init__(self, outputs):
         self.outputs = outputs
+        self.finished = False  # vLLM's: every choice has finished (these stand-in streams just end)
 
 
 class StandInLLM:
@@ -207,6 +208,44 @@ async def test_generate_yields_one_delta_per_request_output(engine):
         [(0, "Hi", None), (1, "Yo", None)], [(0, " you", "length"), (1, ".", "stop")]]
     assert llm.sampling.n == 2 and llm.aborted == []
     assert llm.priority == 3  # the request's scheduling priority reaches the engine
+
+
+class _HermesVocab:
+    def get_vocab(self):
+        return {"<tool_call>": 5, "</tool_call>": 6}
+
+
+async def test_auto_tools_stop_strings_end_choices_here_and_the_engine_request_once_all_have(engine):
+    """Beside a tool-call parser the engine is asked for no stop strings (they are matched before the parser,
+    engine/vllm/tool_parsing.py): a choice that met one is left out of what the engine still makes of it, and once
+    every choice has ended the engine's request is closed (vLLM aborts it) rather than left to run."""
+    from app.engine.vllm.tool_parsing import parser_class
+
+    engine._tool_parser, engine._tokenizer = parser_class("hermes"), _HermesVocab()
+    engine._llm = llm = StandInLLM([[_plain("Hello E", [7], index=0), _plain("Hi", [8], index=1)],
+                                    [_plain("ND more", [9], index=0), _plain(" there", [10], index=1)],
+                                    [_plain(" on", [11], index=0)],
+                                    [_plain(" on", [12], index=0), _plain(" END", [13], index=1)],
+                                    [_plain("never read", [14], index=1)]])
+    closed = []
+
+    async def generate(*args, **kwargs):
+        try:
+            async for out in StandInLLM.generate(llm, *args, **kwargs):
+                yield out
+        except GeneratorExit:
+            closed.append(True)
+            raise
+
+    llm.generate = generate
+    tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},)
+    deltas = await _run(engine, GenerationParams(max_tokens=8, n=2, stop=("END",), auto_tools=tools))
+    assert not llm.sampling.stop and closed == [True]
+    assert [[(c.index, c.text, c.finish_reason, c.stop_reason) for c in d.choices] for d in deltas] == [
+        [(0, "Hello", None, None), (1, "", None, None)],  # the last 2 characters held back: they may start "END"
+        [(0, " ", "stop", "END"), (1, "Hi the", None, None)],
+        [(1, "re ", "stop", "END")]]  # the step where only choice 0 went on is not passed on
+    assert [c.parsed_text for d in deltas for c in d.choices] == ["Hello E", "Hi", "ND more", " there", " END"]
 
 
 async def test_generate_raises_engine_failed_for_an_aborted_choice(engine):

@@ -9,7 +9,6 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -36,7 +35,7 @@ from app.engine.interface import (
     GenerationParams,
 )
 from app.engine.vllm.beam_search import beam_search_outputs
-from app.engine.vllm.from_vllm import choice_delta, prompt_token_logprobs, with_tool_calls
+from app.engine.vllm.from_vllm import prompt_token_logprobs, step_choices
 from app.engine.vllm.refusals import refusal, rejected
 from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
 from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
@@ -169,9 +168,7 @@ class VLLMEngine:
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: GenerationParams
     ) -> AsyncGenerator[GenerationDelta, None]:
-        parsers, skip_special = auto_tool_calls(self._tool_parser, self._tokenizer, params)
-        if parsers:
-            params = replace(params, skip_special_tokens=skip_special)
+        parsers, params = auto_tool_calls(self._tool_parser, self._tokenizer, params)
         try:
             sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:
@@ -183,12 +180,9 @@ class VLLMEngine:
                        else self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling,
                                               request_id, priority=params.priority))
             async for out in outputs:
-                choices = tuple(choice_delta(c, params.logprobs, params.tokens_as_ids) for c in out.outputs)
-                if parsers:
-                    choices = tuple(with_tool_calls(d, c, parsers) for d, c in zip(choices, out.outputs, strict=True))
-                if params.return_token_ids:
-                    choices = tuple(replace(d, token_ids=tuple(c.token_ids)) for d, c in zip(choices, out.outputs,
-                                                                                             strict=True))
+                choices = step_choices(out, params, parsers)
+                if out.outputs and not choices:  # only a choice that ended on a stop string here went on
+                    continue
                 cached = getattr(out, "num_cached_tokens", None) if first else None
                 created = getattr(out, "num_cache_creation_tokens", None) if first else None
                 scored = first and params.prompt_logprobs is not None
@@ -199,6 +193,9 @@ class VLLMEngine:
                                       prompt_first_token=self._token_text(prompt_token_ids[0], params.tokens_as_ids)
                                       if scored and prompt_token_ids else None)
                 prompt_ids, first = None, False
+                if parsers and not out.finished and all(p.ended for p in parsers):
+                    await outputs.aclose()  # every choice ended on a stop string here: vLLM aborts the request
+                    return
         except VLLMValidationError as err:
             raise refusal(err, params) from None
         except (EngineDeadError, EngineGenerateError) as err:

@@ -9,6 +9,7 @@ from typing import Any
 from app.engine.interface import (
     ChoiceDelta,
     EngineFailed,
+    GenerationParams,
     PromptTokenLogprob,
     TokenLogprob,
 )
@@ -86,5 +87,18 @@ def choice_delta(completion: Any, logprobs: int | None, as_ids: bool = False) ->
 
 
 def with_tool_calls(delta: ChoiceDelta, completion: Any, parsers: list[AutoToolCalls]) -> ChoiceDelta:
-    content, calls = parsers[completion.index].feed(completion.text, list(completion.token_ids))
-    return replace(delta, text=content, tool_calls=calls, parsed_text=completion.text)
+    return parsers[completion.index].read(delta, list(completion.token_ids))
+
+
+def step_choices(out: Any, params: GenerationParams, parsers: list[AutoToolCalls]) -> tuple[ChoiceDelta, ...]:
+    """A vLLM `RequestOutput`'s choices in the neutral shape: with tool_choice "auto", as the parsers read them,
+    less any choice already ended on a stop string there (the engine, not asked to stop on them, may run it on)."""
+    choices = []
+    for c in out.outputs:
+        if parsers and parsers[c.index].ended:
+            continue
+        d = choice_delta(c, params.logprobs, params.tokens_as_ids)
+        if parsers:
+            d = with_tool_calls(d, c, parsers)
+        choices.append(replace(d, token_ids=tuple(c.token_ids)) if params.return_token_ids else d)
+    return tuple(choices)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -440,6 +441,15 @@ def test_stop_strings_beside_a_parser_are_matched_before_it_and_go_on_across_a_c
         assert answers(resumed, pieces[k:]) == whole[k:], f"continued after piece {k}"
 
 
+def test_beam_search_beside_a_parser_ignores_stop_strings_as_vllm_does():
+    from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
+
+    params = GenerationParams(max_tokens=8, n=2, beam_search=True, auto_tools=tuple(TOOLS), stop=("Sure",))
+    parsers, _ = auto_tool_calls(parser_class("hermes"), _Vocab(), params)
+    d = parsers[0].read(ChoiceDelta(index=0, text="Sure. ", num_tokens=2, finish_reason="length"), [1, 2])
+    assert (d.text, d.finish_reason, d.stop_reason) == ("Sure. ", "length", None)
+
+
 def test_an_unknown_parser_name_fails_the_engine_start():
     from app.engine.vllm.tool_parsing import parser_class
 
@@ -458,7 +468,7 @@ def test_the_vllm_engine_turns_parsed_calls_into_neutral_deltas():
     for i in range(0, len(text), 9):
         out = CompletionOutput(index=0, text=text[i:i + 9], token_ids=[1], cumulative_logprob=None, logprobs=None,
                                finish_reason="stop" if i + 9 >= len(text) else None)
-        delta = from_vllm.with_tool_calls(from_vllm.choice_delta(out, None), out, parsers)
+        (delta,) = from_vllm.step_choices(SimpleNamespace(outputs=[out]), GenerationParams(max_tokens=9), parsers)
         assert delta.text == "" and delta.num_tokens == 1
         calls += delta.tool_calls
     assert calls[0].name == "ping" and calls[0].id is not None

@@ -86,10 +86,6 @@ def choice_delta(completion: Any, logprobs: int | None, as_ids: bool = False) ->
     )
 
 
-def with_tool_calls(delta: ChoiceDelta, completion: Any, parsers: list[AutoToolCalls]) -> ChoiceDelta:
-    return parsers[completion.index].read(delta, list(completion.token_ids))
-
-
 def step_choices(out: Any, params: GenerationParams, parsers: list[AutoToolCalls]) -> tuple[ChoiceDelta, ...]:
     """A vLLM `RequestOutput`'s choices in the neutral shape: with tool_choice "auto", as the parsers read them,
     less any choice already ended on a stop string there (the engine, not asked to stop on them, may run it on)."""
@@ -99,6 +95,6 @@ def step_choices(out: Any, params: GenerationParams, parsers: list[AutoToolCalls
             continue
         d = choice_delta(c, params.logprobs, params.tokens_as_ids)
         if parsers:
-            d = with_tool_calls(d, c, parsers)
+            d = parsers[c.index].read(d, list(c.token_ids))
         choices.append(replace(d, token_ids=tuple(c.token_ids)) if params.return_token_ids else d)
     return tuple(choices)

@@ -49,7 +49,8 @@ def auto_tool_calls(parser: type[ToolParser] | None, tokenizer: Any,
     replayed = sum(len(ids) for _, ids in params.parser_replay)
     parsers = [AutoToolCalls(parser, tokenizer, params.auto_tools,
                              StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens + replayed)
-                             if params.stop else None) for _ in range(params.n)]
+                             if params.stop and not params.beam_search else None)  # beams: vLLM ignores them
+               for _ in range(params.n)]
     skip = [p.adjust(params.skip_special_tokens) for p in parsers][0]
     for p in parsers:  # a continuation is one choice
         for text, token_ids in params.parser_replay:

@@ -23,6 +23,7 @@ class LongStream(threading.Thread):
         self.base_url, self.api_key, self.model = base_url, api_key, model
         self.request = request or {**LONG, "extra_body": {"ignore_eos": True}}
         self.texts: dict[int, str] = {}
+        self.calls: dict[int, dict[int, tuple[str, str]]] = {}  # choice -> call index -> (name, arguments so far)
         self.finishes: dict[int, tuple[str | None, Any]] = {}  # choice -> (finish_reason, stop_reason)
         self.usage, self.error, self.chunks = None, None, 0
         self.longest_gap_s = 0.0  # the longest wait for a chunk, the first included
@@ -49,6 +50,12 @@ class LongStream(threading.Thread):
                         self.usage = chunk.usage
                     for choice in chunk.choices:
                         self.texts[choice.index] = self.texts.get(choice.index, "") + (choice.delta.content or "")
+                        for call in choice.delta.tool_calls or ():
+                            calls = self.calls.setdefault(choice.index, {})
+                            name, arguments = calls.get(call.index, ("", ""))
+                            function = call.function
+                            calls[call.index] = (name + (function.name or "" if function else ""),
+                                                 arguments + (function.arguments or "" if function else ""))
                         self.chunks += 1
                         if choice.finish_reason:
                             stop = (choice.model_extra or {}).get("stop_reason")
@@ -57,9 +64,11 @@ class LongStream(threading.Thread):
             self.error = f"{type(err).__name__}: {err}"
 
     def answer(self) -> tuple[Any, ...]:
-        """Every choice's text, finish and stop reason, and the completion tokens: what must equal the twin's."""
-        return (sorted(self.texts.items()), sorted(self.finishes.items()),
-                None if self.usage is None else self.usage.completion_tokens, self.error)
+        """Every choice's text, tool calls (names and arguments; their ids are new per request), finish and stop
+        reason, and the completion tokens: what must equal the twin's."""
+        return (sorted(self.texts.items()), sorted((i, sorted(c.items())) for i, c in self.calls.items()),
+                sorted(self.finishes.items()), None if self.usage is None else self.usage.completion_tokens,
+                self.error)
 
     def whole(self) -> str | None:
         """Why this stream (with `ignore_eos`, as LONG's) is not a whole answer of its max_tokens (None: it is)."""

@@ -7,7 +7,8 @@ failures (any non-200, any stream that ended without its finish), long streams n
 long, or without usage), the choices the ingress continued on another replica and the requests it retried on
 another before anything was sent (its own log lines), the longest any client waited for a byte, and the time
 from the fault until the deployment had all its replicas with serving engines again. And the twins: streams
-(greedy, greedy with a stop string met late in the answer, seeded n = 2) started beside the long ones, each
+(greedy, greedy with a stop string met late in the answer, seeded n = 2, a regex with penalties, a tool call
+with a stop string) started beside the long ones, each
 compared character for character with the same request answered undisturbed just before the fault.
 """
 
@@ -52,19 +53,36 @@ class RoundResult:
 PATTERN = "x( [a-wyz]{3})+"
 
 
+# A tool call whose arguments run to max_tokens, for the deployment's tool-call parser (Hermes: TOOL_CALL_PARSER).
+TOOL_CALL_PARSER = "hermes"
+TOOLS = [{"type": "function", "function": {"name": "note", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}}}}]
+CALL = r'Sure\. <tool_call>\{"name": "note", "arguments": \{"text": "x( [a-wyz]{3})+"\}\}</tool_call>'
+
+
 def _twin_requests(base_url: str, api_key: str, model: str) -> dict[str, dict]:
     """Greedy, greedy with a stop string met two thirds into its answer (spanning tokens, held back while it may
-    be starting), seeded n = 2 sampled, and greedy under a regex with presence and frequency penalties (the engine
-    resumes the grammar and the penalties' counts from the tokens already sent)."""
+    be starting), seeded n = 2 sampled, greedy under a regex with presence and frequency penalties (the engine
+    resumes the grammar and the penalties' counts from the tokens already sent), and a tool_choice "auto" call held
+    by a regex, cut by a stop string two thirds into its arguments (matched before the parser, on the replica)."""
     greedy = {**LONG, "extra_body": {"ignore_eos": True}}
-    probe = LongStream(base_url, api_key, model, **greedy)
-    probe.run()
-    at = 2 * len(probe.text) // 3
-    stop = probe.text[at : at + 12]
     structured = {**LONG, "presence_penalty": 0.5, "frequency_penalty": 0.5,
                   "extra_body": {"ignore_eos": True, "structured_outputs": {"regex": PATTERN}}}
+    tools = {**LONG, "tools": TOOLS, "tool_choice": "auto",
+             "extra_body": {"ignore_eos": True, "structured_outputs": {"regex": CALL}}}
+    probe, tools_probe = LongStream(base_url, api_key, model, **greedy), LongStream(base_url, api_key, model, **tools)
+    for p in (probe, tools_probe):
+        p.run()
+    stop, tools_stop = _late(probe.text), _late("".join(a for _, a in tools_probe.calls.get(0, {}).values()))
     return {"greedy": greedy, "stop string": {**greedy, "stop": [stop]} if stop.strip() else greedy,
-            "seeded n 2": SAMPLED, "regex, penalties": structured}
+            "seeded n 2": SAMPLED, "regex, penalties": structured,
+            "tools auto, stop string": {**tools, "stop": [tools_stop]} if tools_stop.strip() else tools}
+
+
+def _late(text: str) -> str:
+    """A stop string two thirds into `text`."""
+    at = 2 * len(text) // 3
+    return text[at : at + 12]
 
 
 def _answered(requests: dict[str, dict], base_url: str, api_key: str, model: str) -> list[tuple[str, LongStream]]:

@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 
 from loadkit.chaos.faults import FAULTS, Target
-from loadkit.chaos.round import ANSWER_TOKENS, DOC, LONG_STREAMS, RoundResult, passed, row, run_round, section
+from loadkit.chaos.round import (
+    ANSWER_TOKENS,
+    DOC,
+    LONG_STREAMS,
+    TOOL_CALL_PARSER,
+    RoundResult,
+    passed,
+    row,
+    run_round,
+    section,
+)
 from loadkit.cluster import CLUSTER_DIR_ENV, LocalCluster, cluster_cli
 from loadkit.long_stream import LONG
 from loadkit.machine import git_commit, machine, vllm_version
@@ -28,11 +38,14 @@ log = progress("chaos")
 
 
 def serve_config(manifest: Path, port: int, drain_grace_s: float) -> dict:
-    """The manifest's serveConfigV2 as it is, but for where the proxy listens (loopback, a free port) and the
-    engine replicas' drain grace (short, so that a rolling update stops replicas with requests in flight)."""
+    """The manifest's serveConfigV2 as it is, but for where the proxy listens (loopback, a free port), the engine
+    replicas' drain grace (short, so that a rolling update stops replicas with requests in flight) and a tool-call
+    parser (for the tool-call twin)."""
     config = manifest_serve_config(manifest.read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] = drain_grace_s
+    # The default model's template has no tools; a parser still reads the calls a regex holds it to.
+    config["applications"][0]["args"]["config"]["models"][0]["engine"]["tool_call_parser"] = TOOL_CALL_PARSER
     return config
 
 

@@ -128,7 +128,8 @@ def on_fake_engines(serve_config: dict) -> dict:
     config = json.loads(json.dumps(serve_config))
     model = config["applications"][0]["args"]["config"]["models"][0]
     model["engine_kind"] = "fake"
-    model.setdefault("engine", {})["fake_token_delay_s"] = FAKE_TOKEN_DELAY_S
+    # The fake engine's stand-in for a tool-call parser answers tool_choice "auto" (engine/fake.py).
+    model.setdefault("engine", {}).update(fake_token_delay_s=FAKE_TOKEN_DELAY_S, tool_call_parser="hermes")
     return config
 
 
@@ -420,6 +421,10 @@ TWINS = {
     "stop string": {**LONG, "stop": ["w61 w62", "never in it, but long: held back"],
                     "extra_body": {"ignore_eos": True}},
     "n 2 seeded": {**LONG, "n": 2, "temperature": 0.8, "seed": 5, "extra_body": {"ignore_eos": True}},
+    # Its call made at the start, then text to a stop string matched before the parser, on the replica.
+    "tools auto, stop string": {**LONG, "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+                                "tool_choice": "auto", "stop": ["w61 w62", "never in it, but long: held back"],
+                                "extra_body": {"ignore_eos": True}},
 }
 
 
@@ -427,8 +432,8 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
     """SIGKILL of an engine replica's own process (the actor, its engine with it), as a crashed pod's container
     would: Serve replaces the replica; its requests in flight continue on the other replica
     (app/engine/continuation.py), long greedy streams included, and new ones go there until the replacement is
-    ready. Streams with stop strings and seeded n > 1 continued elsewhere give exactly the answer of the same
-    request run undisturbed."""
+    ready. Streams with stop strings, seeded n > 1, and tool_choice "auto" with stop strings continued elsewhere give
+    exactly the answer of the same request run undisturbed."""
     cluster = two_fake_replicas.cluster
     before = {r.replica_id: r.pid for r in cluster.replicas(DEPLOYMENT)}
     twins = {name: LongStream(two_fake_replicas.base_url, KEY, MODEL, **request) for name, request in TWINS.items()}
@@ -463,6 +468,8 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
         assert s.whole() is None, s.whole()
     assert resumed, "no request was on the killed replica: the test proved nothing about moving one"
     assert twins["stop string"].finishes[0] == ("stop", "w61 w62")
+    tools = twins["tools auto, stop string"]
+    assert [name for name, _ in tools.calls[0].values()] == ["get_weather"] and tools.text.endswith("w60 ")
     assert len(set(twins["n 2 seeded"].texts.values())) == 2  # choice i sampled with seed + i
     for name, s in disturbed:
         assert s.answer() == twins[name].answer(), f"{name}: continued answer differs from its twin"

@@ -16,11 +16,12 @@ GOOD = RoundResult(fault="node-loss", what="worker node lost", requests=40, fail
                    long_streams_broken=(), migrations=3, retries=1, longest_stall_s=4.25, capacity_back_s=151.4)
 
 
-def test_the_serve_config_is_the_manifests_on_loopback_with_the_short_grace():
+def test_the_serve_config_is_the_manifests_on_loopback_with_the_short_grace_and_a_tool_call_parser():
     config = serve_config(CONFIGS / "kuberay" / "rayservice-cpu.yaml", 8123, 2)
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
     assert config["proxy_location"] == "HeadOnly"
     assert config["applications"][0]["args"]["config"]["service"]["drain_grace_s"] == 2
+    assert config["applications"][0]["args"]["config"]["models"][0]["engine"]["tool_call_parser"] == "hermes"
 
 
 def test_every_fault_of_the_issue_is_there_in_order():

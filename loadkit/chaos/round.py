@@ -2,14 +2,14 @@
 under them, and what it cost the clients until the deployment was whole again; and the table of the rounds (one
 row per fault) that docs/chaos.md keeps between its markers.
 
-Counted over every answer that ended after the fault began (those in flight at it included): requests,
-failures (any non-200, any stream that ended without its finish), long streams not whole (not `max_tokens`
-long, or without usage), the choices the ingress continued on another replica and the requests it retried on
-another before anything was sent (its own log lines), the longest any client waited for a byte, and the time
-from the fault until the deployment had all its replicas with serving engines again. And the twins: streams
-(greedy, greedy with a stop string met late in the answer, seeded n = 2, a regex with penalties, a tool call
-with a stop string) started beside the long ones, each
-compared character for character with the same request answered undisturbed just before the fault.
+Counted over every answer that ended after the fault began (those in flight at it included): requests, failures
+(any non-200, any stream that ended without its finish), long streams not whole (not `max_tokens` long, or without
+usage), the choices the ingress continued on another replica and the requests it retried on another before
+anything was sent (its own log lines), the longest any client waited for a byte, and the time from the fault until
+the deployment had all its replicas with serving engines again. And the twins: streams (greedy, greedy with a stop
+string met late in the answer, seeded n = 2, a regex with penalties, a tool call with a stop string) started
+beside the long ones, each compared character for character with the same request answered undisturbed just before
+the fault.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ resolves to on this CPU, not vLLM's own `auto` (the checkpoint's bfloat16).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,12 +94,13 @@ class Peer:
 
     @classmethod
     def start(cls, settings: EngineSettings, repo: Path, model_dir: str, work: Path,
-              timeout_s: float = STARTUP_TIMEOUT_S) -> Peer:
-        """Started and answering (a tiny chat completion succeeded), or stopped again and RuntimeError."""
+              timeout_s: float = STARTUP_TIMEOUT_S, env: Mapping[str, str] | None = None) -> Peer:
+        """Started and answering (a tiny chat completion succeeded), or stopped again and RuntimeError. `env`: what
+        its environment adds (say, `VLLM_CPU_OMP_THREADS_BIND` to compute beside a service's engine)."""
         port = free_port()
         server = Server(peer_command(settings, port, repo, model_dir, work), port=port,
-                        log_path=work / "vllm-peer.log", cwd=repo, env=system_env(repo, settings.bench_engine()),
-                        sample_peak=True)
+                        log_path=work / "vllm-peer.log", cwd=repo,
+                        env={**system_env(repo, settings.bench_engine()), **(env or {})}, sample_peak=True)
         why = server.wait_ready(timeout_s, MODEL_ID)
         if why:
             stopped = server.stop(STOP_GRACE_S).text()

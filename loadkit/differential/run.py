@@ -21,7 +21,7 @@ import yaml
 
 from loadkit.differential.cases import CURATED, Case, generated
 from loadkit.differential.exchange import Request, send
-from loadkit.differential.peer import STARTUP_TIMEOUT_S, STOP_GRACE_S, EngineSettings, Peer
+from loadkit.differential.peer import STARTUP_TIMEOUT_S, STOP_GRACE_S, EngineSettings, Peer, binding_beside
 from loadkit.differential.report import Figures, write_report
 from loadkit.differential.verdict import Verdict, judge
 from loadkit.peers import MODEL_ID, Launchable, Variant, start
@@ -83,7 +83,8 @@ def run(o: Options) -> int:
         service = _start_service(settings, o.repo, model_dir, o.work)
         service_dtype = resolved_dtype(service.group.log_tail(500_000))
         say(f"service up on port {service.port} (engine dtype {service_dtype})")
-        peer = Peer.start(settings, o.repo, model_dir, o.work)
+        engine = httpx.get(f"{service.base_url}/stats", timeout=30).json()[settings.model_id]["engine"]
+        peer = Peer.start(settings, o.repo, model_dir, o.work, env=binding_beside(engine))
         say(f"bare vLLM up on port {peer.server.port} (engine dtype {peer.engine_dtype}): "
             f"{' '.join(peer.server.command)}")
         started = time.monotonic()

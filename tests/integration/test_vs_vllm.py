@@ -5,9 +5,8 @@ in known ways it names (loadkit/differential/differences.py;
 docs/differential.md says why). Any mismatch no known difference accounts for fails its case.
 
 The peer is started once for this module, beside the session's shared stack, and stopped at its end leaving no
-process (about 40 s to start). Each case goes to both at once, each engine computing on a core of its own: the
-peer is bound to the core the service's engine leaves to its front end (vLLM binds both to the same core by itself,
-where the curated set took 145 s against 61-66 s apart; 2-core Xeon, 2026-12-07).
+process (about 40 s to start). Each case goes to both at once, each engine computing on a core of its own (the
+peer on the one the service's engine leaves to its front end: `peer.binding_beside`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pytest
 from loadkit.bench.run import prepare_model
 from loadkit.differential.cases import CURATED, Case
 from loadkit.differential.exchange import send
-from loadkit.differential.peer import EngineSettings, Peer
+from loadkit.differential.peer import EngineSettings, Peer, binding_beside
 from loadkit.differential.verdict import judge
 from tests.support.service import MODEL, REPO, Service, base_config
 
@@ -30,13 +29,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
 @pytest.fixture(scope="module")
 def peer(service: Service, tmp_path_factory) -> Iterator[Peer]:
-    """Bare vLLM with the engine arguments of the session stack's config (base_config), computing on a core the
-    service's engine does not (/stats: its engine's `front_end_cores`; vLLM's own binding where there is none)."""
+    """Bare vLLM with the engine arguments of the session stack's config (base_config), computing beside the
+    service's engine."""
     settings = EngineSettings.from_config(base_config(0))
     engine = httpx.get(f"{service.base_url}/stats", headers=service.headers, timeout=30).json()[MODEL]["engine"]
-    spare = [c for c in engine["front_end_cores"] if c not in engine["compute_cores"]]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, spare))} if spare else None
-    running = Peer.start(settings, REPO, prepare_model(REPO), tmp_path_factory.mktemp("vllm-peer"), env=env)
+    running = Peer.start(settings, REPO, prepare_model(REPO), tmp_path_factory.mktemp("vllm-peer"),
+                         env=binding_beside(engine))
     try:
         yield running
     finally:

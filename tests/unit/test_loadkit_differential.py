@@ -18,7 +18,7 @@ from loadkit.differential.compare import (
 )
 from loadkit.differential.differences import DIFFERENCES, explaining
 from loadkit.differential.exchange import Answer, Request
-from loadkit.differential.peer import EngineSettings
+from loadkit.differential.peer import EngineSettings, binding_beside
 from loadkit.differential.verdict import judge
 from loadkit.sse import read_events
 
@@ -177,3 +177,13 @@ def test_the_peer_gets_the_services_engine_arguments():
     assert "--enable-prompt-tokens-details" not in args + auto.extra_args()
     on = EngineSettings.from_config({**config, "service": {"enable_prompt_tokens_details": True}})
     assert "--enable-prompt-tokens-details" in on.extra_args()
+
+
+def test_the_peer_computes_on_the_cores_the_services_engine_leaves_to_its_front_end():
+    assert binding_beside({"compute_cores": [0], "front_end_cores": [1]}) == {"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    assert binding_beside({"compute_cores": [0, 1, 2], "front_end_cores": [3, 7]}) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "3,7"}
+    # One core, or a service whose engine binds nothing: vLLM's own binding.
+    assert binding_beside({"compute_cores": [0], "front_end_cores": []}) == {}
+    assert binding_beside({"compute_cores": [0, 1], "front_end_cores": [0, 1]}) == {}
+    assert binding_beside({}) == {}

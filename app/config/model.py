@@ -157,6 +157,15 @@ class LimitsConfig(StrictModel):
     max_stop_sequence_chars: int = Field(256, ge=1, description="Longest single stop sequence.")
     max_logprobs: int = Field(5, ge=0, description="Largest logprobs / top_logprobs.")
     max_messages: int = Field(512, ge=1, description="Most chat messages per request.")
+    max_grammar_compile_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="Longest a structured output's grammar (a JSON schema, regex, choice list or grammar) may take "
+        "to compile, checked in a process of its own before the engine gets it; past it the request is a 400 "
+        "naming the constraint. vLLM's engine would compile it on a thread nothing stops (vLLM bounds only a "
+        "regex, at 5 s).",
+    )
     max_embedding_inputs: int = Field(
         256,
         ge=1,

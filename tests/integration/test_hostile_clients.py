@@ -140,3 +140,24 @@ def test_giant_prompts_cost_no_slot_and_a_normal_chat_is_served_beside_them(serv
     assert statuses == [(400, "context_length_exceeded")] * 12
     assert normal.status_code == 200 and "Paris" in normal.json()["choices"][0]["message"]["content"]
     assert service.stats()["admission"]["refused_queue_full"] == refused_before  # no giant ever took a slot
+
+
+def test_a_grammar_the_engine_would_compile_for_minutes_is_refused_and_costs_it_nothing(service, client):
+    """3,000 optional literals (15 KB, within the size bounds): the engine would compile it for minutes on a thread
+    nothing stops, and the next constrained request would wait behind it until the engine was declared wedged. The
+    replica's grammar gate kills that compile at `limits.max_grammar_compile_s` and refuses it with a 400."""
+    import openai
+
+    bomb = "root ::= " + " ".join(['"a"?'] * 3000)
+    wedged = service.stats()["wedged_total"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                       extra_body={"structured_outputs": {"grammar": bomb}})
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "structured_outputs", error
+    assert "did not compile within 5 s" in error["message"], error
+    # The engine never saw it: a constrained request next is answered at once, and no engine was restarted.
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
+                                            response_format={"type": "json_object"})
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in ("stop", "length")
+    assert service.stats()["wedged_total"] == wedged

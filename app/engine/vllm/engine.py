@@ -36,6 +36,7 @@ from app.engine.interface import (
 )
 from app.engine.vllm.beam_search import beam_search_outputs
 from app.engine.vllm.from_vllm import prompt_token_logprobs, step_choices
+from app.engine.vllm.grammar_gate import GrammarGate
 from app.engine.vllm.refusals import refusal, rejected
 from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
 from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
@@ -91,6 +92,7 @@ class VLLMEngine:
         self._max_token_chars = 1
         self._cores: CorePlan | None = None
         self._core_claim: CoreClaim | None = None
+        self._grammars: GrammarGate | None = None
         name = model.engine.tool_call_parser
         self._tool_parser = parser_class(name) if name else None  # an unknown name fails the replica's start
 
@@ -126,6 +128,9 @@ class VLLMEngine:
         if self._cores:
             keep_off_engine_cores(set(self._cores.compute_cores) if omp else None)
         self._tokenizer = self._llm.get_tokenizer()
+        config = self._llm.model_config  # started after the affinity above: its compiles keep to the front end's cores
+        self._grammars = GrammarGate(config.tokenizer, config.get_vocab_size(), model.engine.trust_remote_code,
+                                     model.limits.max_grammar_compile_s)
         # Vocabulary strings are at least as long as the text they decode to (byte-level BPE spells each byte as
         # a character; SentencePiece's byte tokens are longer still), added and special tokens included.
         self._max_token_chars = max(1, max(map(len, self._tokenizer.get_vocab()), default=1))
@@ -173,6 +178,9 @@ class VLLMEngine:
             sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:
             raise refusal(err, params) from None
+        if sampling is not None and self._grammars is not None and (why := await self._grammars.check(
+                sampling.structured_outputs)):
+            raise EngineRejected(why)  # the host names the constraint's parameter
         try:
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
@@ -281,6 +289,9 @@ class VLLMEngine:
         )
 
     def shutdown(self) -> None:
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -1,0 +1,138 @@
+"""GrammarGate: a structured output's grammar compiled first in a process of its own, within a deadline, so that one
+the engine would take minutes over never reaches it.
+
+vLLM compiles each request's grammar in its EngineCore (xgrammar) on a thread nothing can stop, and only a regex
+has a time limit there (which frees the caller, not the thread). A 15 KB EBNF grammar, within this service's size
+bounds, compiled for minutes at 100 % of a core after its request had timed out, and the next constrained request
+waited behind it until the replica declared its engine wedged and restarted it (2-core Xeon, 2026-12-07: 3,000
+optional literals; the compile time grows as the 2.2th power of their number, 13 s at 400). Here the grammar the
+engine would compile is compiled first by grammar_worker.py; past `limits.max_grammar_compile_s` that process is
+killed with its compile (and started again for the next) and the request is refused with a 400. Each verdict is
+kept, so a grammar seen before costs nothing; one that compiles is compiled again by the engine (milliseconds for
+the schemas of tools and response formats).
+
+    gate = GrammarGate(folder, vocab_size, trust_remote_code, deadline_s)   # in the engine's start
+    refusal = await gate.check(structured)   # None, or why the request is refused
+    gate.close()                             # in the engine's shutdown
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
+from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
+
+log = logging.getLogger(__name__)
+START_S = 120.0  # the worker's imports and tokenizer: about 5 s on an idle 2-core machine
+VERDICTS_KEPT = 1024
+
+
+def compiled_as(structured: StructuredOutputsParams) -> tuple[str, str] | None:
+    """What vLLM's xgrammar backend compiles for this constraint, as (kind, spec); None where it compiles nothing
+    worth a check (`json_object`'s fixed grammar) or leaves the constraint to another backend (a schema with
+    features xgrammar lacks goes to guidance, which compiles lazily)."""
+    if structured.json is not None:
+        schema = json.loads(structured.json) if isinstance(structured.json, str) else structured.json
+        if not isinstance(schema, dict) or has_xgrammar_unsupported_json_features(schema):
+            return None
+        return "json", structured.json if isinstance(structured.json, str) else json.dumps(structured.json)
+    if structured.regex is not None:
+        return "regex", structured.regex
+    if structured.choice is not None:
+        return "ebnf", choice_as_grammar(list(structured.choice))
+    if structured.grammar is not None:
+        return ("lark" if grammar_is_likely_lark(structured.grammar) else "ebnf"), structured.grammar
+    return None
+
+
+class GrammarGate:
+    def __init__(self, folder: str, vocab_size: int, trust_remote_code: bool, deadline_s: float):
+        self._command = [sys.executable, "-m", "app.engine.vllm.grammar_worker", folder, str(vocab_size),
+                         "1" if trust_remote_code else "0"]
+        self._deadline_s = deadline_s
+        self._worker: subprocess.Popen[bytes] | None = None
+        self._ready = False
+        self._broken = False  # its worker could not start: constraints go to the engine unchecked
+        self._lock = asyncio.Lock()
+        self._verdicts: OrderedDict[str, str | None] = OrderedDict()  # None: compiled within the deadline
+        self._start()
+
+    def _start(self) -> None:
+        # Where the replica was deployed from a working directory, the child finds this package the same way.
+        root = str(Path(__file__).resolve().parents[3])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self._worker = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._ready = False
+
+    async def check(self, structured: StructuredOutputsParams | None) -> str | None:
+        """None when the engine may compile this constraint; otherwise why it is refused."""
+        what = compiled_as(structured) if structured is not None and not self._broken else None
+        if what is None:
+            return None
+        key = hashlib.sha256(f"{what[0]}\0{what[1]}".encode()).hexdigest()
+        if key in self._verdicts:
+            self._verdicts.move_to_end(key)
+            return self._verdicts[key]
+        async with self._lock:  # one compile at a time: the worker holds one core at most
+            if key not in self._verdicts:
+                self._verdicts[key] = await self._compile(*what)
+                while len(self._verdicts) > VERDICTS_KEPT:
+                    self._verdicts.popitem(last=False)
+            return self._verdicts[key]
+
+    async def _compile(self, kind: str, spec: str) -> str | None:
+        if self._worker is None or self._worker.poll() is not None:
+            self._start()
+        worker = self._worker
+        assert worker is not None and worker.stdin is not None and worker.stdout is not None
+        try:
+            if not self._ready:
+                hello = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), START_S)
+                if not json.loads(hello or b"{}").get("ready"):
+                    raise OSError(f"the worker ended at its start (exit status {worker.wait()})")
+                self._ready = True
+            worker.stdin.write((json.dumps({"kind": kind, "spec": spec}) + "\n").encode())
+            worker.stdin.flush()
+            answer: dict[str, Any] = json.loads(await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline),
+                                                                       self._deadline_s) or b"{}")
+        except TimeoutError:
+            self._kill()
+            if not self._ready:  # the gate itself could not start: leave the constraints to the engine
+                log.warning("grammar gate did not start within %.0f s; constraints go to the engine unchecked",
+                            START_S)
+                self._broken = True
+                return None
+            self._start()  # at once, not at the next constraint: its start takes seconds
+            return (f"the constraint did not compile within {self._deadline_s:g} s (the engine compiles it into an "
+                    "automaton for every request): simplify it, for example with fewer optional or repeated parts")
+        except (OSError, ValueError) as err:  # the worker died: the engine decides, as before the gate
+            log.warning("grammar gate failed (%s); constraints go to the engine unchecked", err)
+            self._broken = not self._ready
+            self._kill()
+            return None
+        if not answer.get("ok"):
+            log.info("grammar gate: the constraint did not compile (%s); the engine refuses it", answer.get("error"))
+        return None
+
+    def _kill(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.kill()
+            worker.wait()
+            for pipe in (worker.stdin, worker.stdout):
+                if pipe is not None:
+                    pipe.close()
+
+    def close(self) -> None:
+        self._kill()

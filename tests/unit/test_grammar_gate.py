@@ -1,0 +1,61 @@
+"""The grammar gate (app/engine/vllm/grammar_gate.py) on the default model's tokenizer: a grammar that compiles in time
+passes, one that would take the engine minutes is refused once its deadline passes (its compile killed with the
+worker, which starts again for the next), a verdict is kept, and what the compiler refuses is left to the engine."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+from vllm.sampling_params import StructuredOutputsParams
+
+from app.config.model import DEFAULT_MODEL_SOURCE
+from app.engine.model_store import resolve_source
+from app.engine.vllm.grammar_gate import GrammarGate, compiled_as
+
+# 3,000 optional literals: within the size bounds, minutes of compiling (13 s at 400, growing as n^2.2).
+BOMB = StructuredOutputsParams(grammar="root ::= " + " ".join(['"a"?'] * 3000))
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.fixture
+def gate():
+    g = GrammarGate(resolve_source(DEFAULT_MODEL_SOURCE), 49152, False, deadline_s=2.0)
+    yield g
+    g.close()
+
+
+def _worker(g: GrammarGate) -> psutil.Process:
+    assert g._worker is not None
+    return psutil.Process(g._worker.pid)
+
+
+async def test_a_grammar_past_the_deadline_is_refused_and_its_compile_killed(gate: GrammarGate):
+    # One test: each worker's start (imports and the tokenizer) takes about 5 s on two cores.
+    assert await gate.check(StructuredOutputsParams(json=WEATHER)) is None
+    first = _worker(gate)
+    why = await gate.check(BOMB)
+    assert why is not None and "did not compile within 2 s" in why and "simplify it" in why
+    assert not first.is_running() or first.status() == psutil.STATUS_ZOMBIE  # the compile went with its process
+    assert await gate.check(StructuredOutputsParams(regex="[a-z]+@[a-z]+")) is None  # a new worker compiled it
+    second = _worker(gate)
+    assert await gate.check(BOMB) == why  # kept: refused without compiling again
+    assert _worker(gate).pid == second.pid
+    # What the compiler refuses, or what needs no compile, is the engine's to decide.
+    assert await gate.check(StructuredOutputsParams(grammar="root ::= undefined_rule")) is None
+    assert await gate.check(StructuredOutputsParams(json_object=True)) is None
+    assert await gate.check(None) is None
+
+
+def test_it_compiles_what_vllms_xgrammar_backend_would():
+    assert compiled_as(StructuredOutputsParams(json=WEATHER)) == ("json", json.dumps(WEATHER))
+    assert compiled_as(StructuredOutputsParams(json=json.dumps(WEATHER))) == ("json", json.dumps(WEATHER))
+    assert compiled_as(StructuredOutputsParams(regex="a+")) == ("regex", "a+")
+    kind, spec = compiled_as(StructuredOutputsParams(choice=["yes", "no"])) or ("", "")
+    assert kind == "ebnf" and '"yes"' in spec and '"no"' in spec
+    assert compiled_as(StructuredOutputsParams(grammar='root ::= "a"'))[0] == "ebnf"  # type: ignore[index]
+    assert compiled_as(StructuredOutputsParams(grammar='start: "a"'))[0] == "lark"  # type: ignore[index]
+    assert compiled_as(StructuredOutputsParams(json_object=True)) is None
+    # A feature xgrammar lacks sends the schema to vLLM's guidance backend, which compiles lazily: nothing to check.
+    assert compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3})) is None

@@ -46,6 +46,7 @@ async def test_a_grammar_past_the_deadline_is_refused_and_its_compile_killed(gat
     assert await gate.check(StructuredOutputsParams(grammar="root ::= undefined_rule")) is None
     assert await gate.check(StructuredOutputsParams(json_object=True)) is None
     assert await gate.check(None) is None
+    assert await gate.check(StructuredOutputsParams(json="{not json")) is None  # vLLM's checks refuse it
 
 
 def test_it_compiles_what_vllms_xgrammar_backend_would():
@@ -57,5 +58,7 @@ def test_it_compiles_what_vllms_xgrammar_backend_would():
     assert compiled_as(StructuredOutputsParams(grammar='root ::= "a"'))[0] == "ebnf"  # type: ignore[index]
     assert compiled_as(StructuredOutputsParams(grammar='start: "a"'))[0] == "lark"  # type: ignore[index]
     assert compiled_as(StructuredOutputsParams(json_object=True)) is None
+    with pytest.raises(ValueError):  # GrammarGate.check leaves it to vLLM's checks, which refuse it with a 400
+        compiled_as(StructuredOutputsParams(json="{not json"))
     # A feature xgrammar lacks sends the schema to vLLM's guidance backend, which compiles lazily: nothing to check.
     assert compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3})) is None

@@ -77,7 +77,10 @@ class GrammarGate:
 
     async def check(self, structured: StructuredOutputsParams | None) -> str | None:
         """None when the engine may compile this constraint; otherwise why it is refused."""
-        what = compiled_as(structured) if structured is not None and not self._broken else None
+        try:
+            what = compiled_as(structured) if structured is not None and not self._broken else None
+        except (ValueError, TypeError, KeyError, AttributeError):  # vLLM's own checks refuse it, with their words
+            what = None
         if what is None:
             return None
         key = hashlib.sha256(f"{what[0]}\0{what[1]}".encode()).hexdigest()

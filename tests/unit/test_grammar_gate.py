@@ -62,3 +62,14 @@ def test_it_compiles_what_vllms_xgrammar_backend_would():
         compiled_as(StructuredOutputsParams(json="{not json"))
     # A feature xgrammar lacks sends the schema to vLLM's guidance backend, which compiles lazily: nothing to check.
     assert compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3})) is None
+
+
+async def test_a_gate_that_cannot_start_leaves_every_constraint_to_the_engine():
+    gate = GrammarGate("/nonexistent-folder", 49152, False, deadline_s=2.0)
+    gate._command = ["/nonexistent/python"]  # as if the interpreter could not be started again
+    gate._kill()
+    try:
+        assert await gate.check(BOMB) is None  # the engine decides, as before the gate: never a 500
+        assert gate._broken
+    finally:
+        gate.close()

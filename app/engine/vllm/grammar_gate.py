@@ -72,8 +72,12 @@ class GrammarGate:
         # Where the replica was deployed from a working directory, the child finds this package the same way.
         root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        self._worker = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._ready = False
+        try:
+            self._worker = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        except OSError as err:  # a protection, not a condition of serving
+            log.warning("grammar gate could not start (%s); constraints go to the engine unchecked", err)
+            self._worker, self._broken = None, True
 
     async def check(self, structured: StructuredOutputsParams | None) -> str | None:
         """None when the engine may compile this constraint; otherwise why it is refused."""
@@ -98,7 +102,8 @@ class GrammarGate:
         if self._worker is None or self._worker.poll() is not None:
             self._start()
         worker = self._worker
-        assert worker is not None and worker.stdin is not None and worker.stdout is not None
+        if worker is None or worker.stdin is None or worker.stdout is None:
+            return None
         try:
             if not self._ready:
                 hello = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), START_S)

@@ -27,7 +27,6 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
@@ -66,6 +65,7 @@ class GrammarGate:
         self._broken = False  # its worker could not start: constraints go to the engine unchecked
         self._lock = asyncio.Lock()
         self._verdicts: OrderedDict[str, str | None] = OrderedDict()  # None: compiled within the deadline
+        self._pending: dict[str, asyncio.Future[str | None]] = {}
         self._start()
 
     def _start(self) -> None:
@@ -91,19 +91,32 @@ class GrammarGate:
         if key in self._verdicts:
             self._verdicts.move_to_end(key)
             return self._verdicts[key]
-        async with self._lock:  # one compile at a time: the worker holds one core at most
-            if key not in self._verdicts:
-                self._verdicts[key] = await self._compile(*what)
-                while len(self._verdicts) > VERDICTS_KEPT:
-                    self._verdicts.popitem(last=False)
-            return self._verdicts[key]
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = asyncio.ensure_future(self._verdict(key, *what))
+        # A request cancelled while its constraint compiles leaves the compile to finish: the worker answers each
+        # question in turn, and its answer to this one must not be read as the next one's.
+        return await asyncio.shield(pending)
 
-    async def _compile(self, kind: str, spec: str) -> str | None:
+    async def _verdict(self, key: str, kind: str, spec: str) -> str | None:
+        try:
+            async with self._lock:  # one compile at a time: the worker holds one core at most
+                verdict, kept = await self._compile(kind, spec)
+                if kept:
+                    self._verdicts[key] = verdict
+                    while len(self._verdicts) > VERDICTS_KEPT:
+                        self._verdicts.popitem(last=False)
+                return verdict
+        finally:
+            del self._pending[key]
+
+    async def _compile(self, kind: str, spec: str) -> tuple[str | None, bool]:
+        """(why it is refused or None, whether that verdict is the constraint's own to keep)."""
         if self._worker is None or self._worker.poll() is not None:
             self._start()
         worker = self._worker
         if worker is None or worker.stdin is None or worker.stdout is None:
-            return None
+            return None, False
         try:
             if not self._ready:
                 hello = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), START_S)
@@ -112,26 +125,31 @@ class GrammarGate:
                 self._ready = True
             worker.stdin.write((json.dumps({"kind": kind, "spec": spec}) + "\n").encode())
             worker.stdin.flush()
-            answer: dict[str, Any] = json.loads(await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline),
-                                                                       self._deadline_s) or b"{}")
+            line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), self._deadline_s)
         except TimeoutError:
             self._kill()
             if not self._ready:  # the gate itself could not start: leave the constraints to the engine
                 log.warning("grammar gate did not start within %.0f s; constraints go to the engine unchecked",
                             START_S)
                 self._broken = True
-                return None
+                return None, False
             self._start()  # at once, not at the next constraint: its start takes seconds
             return (f"the constraint did not compile within {self._deadline_s:g} s (the engine compiles it into an "
-                    "automaton for every request): simplify it, for example with fewer optional or repeated parts")
-        except (OSError, ValueError) as err:  # the worker died: the engine decides, as before the gate
+                    "automaton for every request): simplify it, for example with fewer optional or repeated parts",
+                    True)
+        except (OSError, ValueError) as err:  # the gate failed, not the constraint: the engine decides
             log.warning("grammar gate failed (%s); constraints go to the engine unchecked", err)
             self._broken = not self._ready
             self._kill()
-            return None
+            return None, False
+        if not line:  # the worker died compiling it (its memory, say): the engine's would have too
+            self._kill()
+            self._start()
+            return "the constraint could not be compiled: its compile ended the process checking it; simplify it", False
+        answer = json.loads(line)
         if not answer.get("ok"):
             log.info("grammar gate: the constraint did not compile (%s); the engine refuses it", answer.get("error"))
-        return None
+        return None, True
 
     def _kill(self) -> None:
         worker, self._worker = self._worker, None

@@ -79,3 +79,13 @@ async def test_a_gate_that_cannot_start_leaves_every_constraint_to_the_engine():
         assert gate._broken
     finally:
         gate.close()
+
+
+async def test_a_compile_in_flight_when_the_gate_closes_starts_no_worker_after_it(gate: GrammarGate):
+    assert await gate.check(StructuredOutputsParams(json=WEATHER)) is None  # its worker ready
+    in_flight = asyncio.ensure_future(gate.check(BOMB))
+    while not gate._lock.locked():  # taken, then the bomb sent before the task waits for the answer
+        await asyncio.sleep(0.01)
+    gate.close()  # the engine's shutdown
+    await in_flight  # its compile ended with the worker
+    assert gate._worker is None

@@ -69,6 +69,8 @@ class GrammarGate:
         self._start()
 
     def _start(self) -> None:
+        if self._broken:
+            return
         # Where the replica was deployed from a working directory, the child finds this package the same way.
         root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
@@ -139,7 +141,7 @@ class GrammarGate:
                     True)
         except (OSError, ValueError) as err:  # the gate failed, not the constraint: the engine decides
             log.warning("grammar gate failed (%s); constraints go to the engine unchecked", err)
-            self._broken = not self._ready
+            self._broken = self._broken or not self._ready
             self._kill()
             return None, False
         if not line:  # the worker died compiling it (its memory, say): the engine's would have too
@@ -161,4 +163,5 @@ class GrammarGate:
                     pipe.close()
 
     def close(self) -> None:
+        self._broken = True  # for good: a compile still in flight must not start another worker
         self._kill()

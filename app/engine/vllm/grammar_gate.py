@@ -29,7 +29,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.structured_output.backend_types import StructuredOutputOptions
 from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
+from vllm.v1.structured_output.request import get_structured_output_key
 from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
 
 log = logging.getLogger(__name__)
@@ -38,20 +40,22 @@ VERDICTS_KEPT = 1024
 
 
 def compiled_as(structured: StructuredOutputsParams) -> tuple[str, str] | None:
-    """What vLLM's xgrammar backend compiles for this constraint, as (kind, spec); None where it compiles nothing
-    worth a check (`json_object`'s fixed grammar) or leaves the constraint to another backend (a schema with
-    features xgrammar lacks goes to guidance, which compiles lazily)."""
-    if structured.json is not None:
-        schema = json.loads(structured.json) if isinstance(structured.json, str) else structured.json
-        if not isinstance(schema, dict) or has_xgrammar_unsupported_json_features(schema):
-            return None
-        return "json", structured.json if isinstance(structured.json, str) else json.dumps(structured.json)
-    if structured.regex is not None:
-        return "regex", structured.regex
-    if structured.choice is not None:
-        return "ebnf", choice_as_grammar(list(structured.choice))
-    if structured.grammar is not None:
-        return ("lark" if grammar_is_likely_lark(structured.grammar) else "ebnf"), structured.grammar
+    """What vLLM's xgrammar backend compiles for this constraint, as (kind, spec): vLLM's own key for it (the spec
+    the engine compiles), a choice list as the grammar vLLM's checks rewrite it into, a grammar as EBNF or Lark as
+    the backend tells them apart. None where it compiles nothing worth a check (`json_object`'s fixed grammar) or
+    leaves the constraint to another backend (a schema with features xgrammar lacks goes to guidance, which
+    compiles lazily)."""
+    option, spec = get_structured_output_key(structured)
+    if option is StructuredOutputOptions.JSON:
+        schema = json.loads(spec)
+        unsupported = not isinstance(schema, dict) or has_xgrammar_unsupported_json_features(schema)
+        return None if unsupported else ("json", spec)
+    if option is StructuredOutputOptions.REGEX:
+        return "regex", spec
+    if option is StructuredOutputOptions.CHOICE:
+        return "ebnf", choice_as_grammar(json.loads(spec))
+    if option is StructuredOutputOptions.GRAMMAR:
+        return ("lark" if grammar_is_likely_lark(spec) else "ebnf"), spec
     return None
 
 

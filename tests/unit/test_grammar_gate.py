@@ -1,6 +1,7 @@
 """The grammar gate (app/engine/vllm/grammar_gate.py) on the default model's tokenizer: a grammar that compiles in time
 passes, one that would take the engine minutes is refused once its deadline passes (its compile killed with the
-worker, which starts again for the next), a verdict is kept, and what the compiler refuses is left to the engine."""
+worker, which starts again for the next), a verdict is kept, what the compiler refuses is refused with its words, and a
+schema with features xgrammar cannot enforce is refused without a compile."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from app.config.model import DEFAULT_MODEL_SOURCE
 from app.engine.model_store import resolve_source
-from app.engine.vllm.grammar_gate import GrammarGate, compiled_as
+from app.engine.vllm.grammar_gate import GrammarGate, Unenforceable, compiled_as
 
 # 3,000 optional literals: within the size bounds, minutes of compiling (13 s at 400, growing as n^2.2).
 BOMB = StructuredOutputsParams(grammar="root ::= " + " ".join(['"a"?'] * 3000))
@@ -48,8 +49,15 @@ async def test_a_grammar_past_the_deadline_is_refused_and_its_compile_killed(gat
     why = await gate.check(BOMB)  # kept: refused without compiling again
     assert why is not None and "did not compile within 2 s" in why and "simplify it" in why
     assert _worker(gate).pid == second.pid
-    # What the compiler refuses, or what needs no compile, is the engine's to decide.
-    assert await gate.check(StructuredOutputsParams(grammar="root ::= undefined_rule")) is None
+    # What the compiler refuses, the engine's would too (after admission, with nothing to say but "error").
+    why = await gate.check(StructuredOutputsParams(grammar="root ::= undefined_rule"))
+    assert why is not None and "could not be compiled (xgrammar: " in why and "undefined_rule" in why, why
+    # One that compiles without xgrammar's cache and fails with it, as the engine's compiler has it (a 503 "retry"
+    # before the gate: the engine ended the request with "error").
+    pattern = {"type": "object", "patternProperties": {"^(a|b){50}x{1,500}$": {"type": "string"}}}
+    why = await gate.check(StructuredOutputsParams(json=pattern))
+    assert why is not None and "Check failed" in why, why
+    # What needs no compile, or what vLLM's own checks refuse with their words, is the engine's to decide.
     assert await gate.check(StructuredOutputsParams(json_object=True)) is None
     assert await gate.check(None) is None
     assert await gate.check(StructuredOutputsParams(json="{not json")) is None  # vLLM's checks refuse it
@@ -66,8 +74,19 @@ def test_it_compiles_what_vllms_xgrammar_backend_would():
     assert compiled_as(StructuredOutputsParams(json_object=True)) is None
     with pytest.raises(ValueError):  # GrammarGate.check leaves it to vLLM's checks, which refuse it with a 400
         compiled_as(StructuredOutputsParams(json="{not json"))
-    # A feature xgrammar lacks sends the schema to vLLM's guidance backend, which compiles lazily: nothing to check.
-    assert compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3})) is None
+    # A feature xgrammar lacks: the engine runs xgrammar alone (to_vllm.py), which would not enforce it.
+    with pytest.raises(Unenforceable):
+        compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3}))
+
+
+async def test_a_schema_xgrammar_cannot_enforce_is_refused_at_once_naming_the_keywords(gate: GrammarGate):
+    # 3,000 properties and a patternProperties: vLLM's "auto" sent it to outlines, whose check parsed its regex with
+    # Python's `re` in the replica's process for minutes (Serve's health check then killed the replica).
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)},
+              "patternProperties": {"^z": {"type": "string"}}}
+    why = await gate.check(StructuredOutputsParams(json=schema))
+    assert why is not None and "cannot enforce" in why and "patternProperties" in why, why
+    assert gate._worker is not None and not gate._ready  # decided without a compile
 
 
 async def test_a_gate_that_cannot_start_leaves_every_constraint_to_the_engine():

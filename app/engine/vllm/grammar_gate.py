@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections import OrderedDict
@@ -37,19 +38,29 @@ from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely
 log = logging.getLogger(__name__)
 START_S = 120.0  # the worker's imports and tokenizer: about 5 s on an idle 2-core machine
 VERDICTS_KEPT = 1024
+XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+UNENFORCEABLE = ("the JSON schema uses a keyword the engine's grammar compiler (xgrammar) cannot enforce: multipleOf; "
+                 "uniqueItems, contains, minContains or maxContains; a string format it lacks; pattern or format "
+                 "together with minLength or maxLength; propertyNames or several patternProperties, or either with "
+                 "properties; allOf with several branches. Remove it from the schema (and check that part of the "
+                 "answer yourself)")
+
+
+class Unenforceable(Exception):
+    """A constraint the engine's backend (xgrammar, the only one it runs: to_vllm.py) cannot enforce."""
 
 
 def compiled_as(structured: StructuredOutputsParams) -> tuple[str, str] | None:
     """What vLLM's xgrammar backend compiles for this constraint, as (kind, spec): vLLM's own key for it (the spec
     the engine compiles), a choice list as the grammar vLLM's checks rewrite it into, a grammar as EBNF or Lark as
-    the backend tells them apart. None where it compiles nothing worth a check (`json_object`'s fixed grammar) or
-    leaves the constraint to another backend (a schema with features xgrammar lacks goes to guidance, which
-    compiles lazily)."""
+    the backend tells them apart. None where it compiles nothing worth a check (`json_object`'s fixed grammar).
+    `Unenforceable` for a schema with features xgrammar lacks (vLLM's own list of them)."""
     option, spec = get_structured_output_key(structured)
     if option is StructuredOutputOptions.JSON:
         schema = json.loads(spec)
-        unsupported = not isinstance(schema, dict) or has_xgrammar_unsupported_json_features(schema)
-        return None if unsupported else ("json", spec)
+        if isinstance(schema, dict) and has_xgrammar_unsupported_json_features(schema):
+            raise Unenforceable(UNENFORCEABLE)
+        return "json", spec
     if option is StructuredOutputOptions.REGEX:
         return "regex", spec
     if option is StructuredOutputOptions.CHOICE:
@@ -89,6 +100,8 @@ class GrammarGate:
         """None when the engine may compile this constraint; otherwise why it is refused."""
         try:
             what = compiled_as(structured) if structured is not None and not self._broken else None
+        except Unenforceable as err:
+            return str(err)
         except (ValueError, TypeError, KeyError, AttributeError):  # vLLM's own checks refuse it, with their words
             what = None
         if what is None:
@@ -153,9 +166,11 @@ class GrammarGate:
             self._start()
             return "the constraint could not be compiled: its compile ended the process checking it; simplify it", False
         answer = json.loads(line)
-        if not answer.get("ok"):
-            log.info("grammar gate: the constraint did not compile (%s); the engine refuses it", answer.get("error"))
-        return None, True
+        if answer.get("ok"):
+            return None, True
+        # The engine's compile would fail the same way, after admission and with nothing to say but "error".
+        error = XGRAMMAR_LOG_PREFIX.sub("", str(answer.get("error"))).strip()  # its clock and source line
+        return f"the constraint could not be compiled (xgrammar: {error}): correct or simplify it", True
 
     def _kill(self) -> None:
         worker, self._worker = self._worker, None

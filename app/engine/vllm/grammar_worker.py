@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+CACHE_BYTES = 64 * 2**20
+
 
 def _exit_with_parent(parent: int) -> None:
     # A parent that died cannot kill this process in the middle of a compile: the compile's thread holds no lock
@@ -33,8 +35,10 @@ def main(folder: str, vocab_size: int, trust_remote_code: bool) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    # One thread: the gate's compile must not take the engine's cores (the process keeps the front end's).
-    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    # One thread: the gate's compile must not take the engine's cores (the process keeps the front end's). The cache
+    # on, as vLLM's: xgrammar compiles another way with it (a patternProperties that compiles without it fails with
+    # it), and the engine's answer is the one to foresee. Small: the gate keeps its verdicts, not the grammars.
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True, cache_limit_bytes=CACHE_BYTES)
     compile_by_kind = {"json": lambda spec: compiler.compile_json_schema(spec, any_whitespace=True),
                        "ebnf": compiler.compile_grammar, "lark": compiler.compile_lark,
                        "regex": compiler.compile_regex}

@@ -50,8 +50,7 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     allowed_token_ids: tuple[int, ...] | None = None  # None: any token; never empty
     bad_words: tuple[str, ...] = ()
-    # The request parameter the constraint came from, which a refusal of it names: "tools" when it forces tool
-    # calls (app/openai/tool_calls.py), "structured_outputs", or "response_format".
+    # What a refusal of the constraint names: "tools" (forced calls), "structured_outputs" or "response_format".
     json_schema_param: str = "response_format"
     # tool_choice "auto": the request's tools (OpenAI's JSON objects, plain data), for the model's tool-call
     # parser to find the calls the model writes in its own format; None: no parsing.
@@ -64,6 +63,7 @@ class GenerationParams:
     beam_search: bool = False  # vLLM's: `n` beams, answered whole at the end; `length_penalty` ranks them
     length_penalty: float = 1.0
     priority: int = 0  # vLLM's scheduling priority (lower first); its default fcfs scheduler ignores it
+    sender: str = ""  # its tenant (app/tenancy.py): its turn in the engine's own queue (vllm/grammar_gate.py)
     generator_draws: int = 0  # a seeded choice resumed: its generator's draws so far (engine/vllm/generator_resume)
     # A choice resumed: the prompt's last this many ids are its output so far, which penalties, bad words and the
     # grammar count as output (engine/vllm/output_resume).

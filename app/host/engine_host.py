@@ -130,7 +130,7 @@ class EngineHost:
         deadline = asyncio.get_running_loop().time() + request.timeout_s  # this process's clock: no skew
         prompt_ids = await self.prompts.tokenize(request.prompt)
         params = self.prompts.fit_to_context(len(prompt_ids), request)
-        params = replace(params, priority=engine_priority(request.tenant, params.priority))  # its class first
+        params = replace(params, priority=engine_priority(request.tenant, params.priority), sender=request.tenant.name)
         if params.max_tokens <= 0:  # a continuation whose default max_tokens used the whole context: it is done
             for item in (Admitted(len(prompt_ids)), GenerationDelta((ChoiceDelta(0, "", 0, finish_reason="length"),))):
                 yield item

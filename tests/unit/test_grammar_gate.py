@@ -14,7 +14,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from app.config.model import DEFAULT_MODEL_SOURCE
 from app.engine.model_store import resolve_source
-from app.engine.vllm.grammar_gate import GrammarGate, Unenforceable, compiled_as
+from app.engine.vllm.grammar_gate import GrammarGate, Unenforceable, _Turns, compiled_as
 
 # 3,000 optional literals: within the size bounds, minutes of compiling (13 s at 400, growing as n^2.2).
 BOMB = StructuredOutputsParams(grammar="root ::= " + " ".join(['"a"?'] * 3000))
@@ -103,8 +103,35 @@ async def test_a_gate_that_cannot_start_leaves_every_constraint_to_the_engine():
 async def test_a_compile_in_flight_when_the_gate_closes_starts_no_worker_after_it(gate: GrammarGate):
     assert await gate.check(StructuredOutputsParams(json=WEATHER)) is None  # its worker ready
     in_flight = asyncio.ensure_future(gate.check(BOMB))
-    while not gate._lock.locked():  # taken, then the bomb sent before the task waits for the answer
+    while not gate._turns.busy:  # taken, then the bomb sent before the task waits for the answer
         await asyncio.sleep(0.01)
     gate.close()  # the engine's shutdown
     await in_flight  # its compile ended with the worker
     assert gate._worker is None
+
+
+async def test_the_worker_turns_go_to_the_sender_waiting_longest_whatever_each_has_queued():
+    turns = _Turns()
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def compile_as(sender: str, hold: bool = False) -> None:
+        async with turns.turn(sender):
+            order.append(sender)
+            if hold:
+                await release.wait()
+
+    first = asyncio.ensure_future(compile_as("flood", hold=True))
+    while not turns.busy:
+        await asyncio.sleep(0)
+    floods = [asyncio.ensure_future(compile_as("flood")) for _ in range(4)]
+    await asyncio.sleep(0)
+    polite = asyncio.ensure_future(compile_as("polite"))
+    gone = asyncio.ensure_future(compile_as("gone"))
+    await asyncio.sleep(0)
+    gone.cancel()  # a waiter cancelled leaves no turn behind
+    release.set()
+    await asyncio.gather(first, polite, *floods)
+    # The polite sender's one compile goes right after the one under way, not behind the flood's four.
+    assert order == ["flood", "polite", "flood", "flood", "flood", "flood"]
+    assert not turns.busy

@@ -179,7 +179,7 @@ class VLLMEngine:
         except (VLLMValidationError, ValueError) as err:
             raise refusal(err, params) from None
         if sampling is not None and self._grammars is not None and (why := await self._grammars.check(
-                sampling.structured_outputs)):
+                sampling.structured_outputs, params.sender)):
             raise EngineRejected(why)  # the host names the constraint's parameter
         try:
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only

@@ -1,7 +1,7 @@
 """The grammar gate (app/engine/vllm/grammar_gate.py) on the default model's tokenizer: a grammar that compiles in time
 passes, one that would take the engine minutes is refused once its deadline passes (its compile killed with the
-worker, which starts again for the next), a verdict is kept, what the compiler refuses is refused with its words, and a
-schema with features xgrammar cannot enforce is refused without a compile."""
+worker, which starts again for the next), a verdict is kept, what the compiler refuses is refused with its words, a
+schema vLLM would check with outlines is refused without a compile, and the worker's turns are shared among senders."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from app.config.model import DEFAULT_MODEL_SOURCE
 from app.engine.model_store import resolve_source
+from app.engine.vllm.grammar_backend import XgrammarPin
 from app.engine.vllm.grammar_gate import GrammarGate, Unenforceable, _Turns, compiled_as
 
 # 3,000 optional literals: within the size bounds, minutes of compiling (13 s at 400, growing as n^2.2).
@@ -74,18 +75,22 @@ def test_it_compiles_what_vllms_xgrammar_backend_would():
     assert compiled_as(StructuredOutputsParams(json_object=True)) is None
     with pytest.raises(ValueError):  # GrammarGate.check leaves it to vLLM's checks, which refuse it with a 400
         compiled_as(StructuredOutputsParams(json="{not json"))
-    # A feature xgrammar lacks: the engine runs xgrammar alone (to_vllm.py), which would not enforce it.
+    # A keyword xgrammar lacks: checked by guidance in vLLM's front end, compiled by xgrammar in the engine (which
+    # ignores it; grammar_backend.py pins the engine's backend), so compiled as xgrammar here.
+    multiple = {"type": "integer", "multipleOf": 3}
+    assert compiled_as(StructuredOutputsParams(json=multiple)) == ("json", json.dumps(multiple))
+    # One guidance lacks too (patternProperties): vLLM would check it with outlines.
     with pytest.raises(Unenforceable):
-        compiled_as(StructuredOutputsParams(json={"type": "integer", "multipleOf": 3}))
+        compiled_as(StructuredOutputsParams(json={**multiple, "patternProperties": {"^a": {}}}))
 
 
-async def test_a_schema_xgrammar_cannot_enforce_is_refused_at_once_naming_the_keywords(gate: GrammarGate):
+async def test_a_schema_vllm_would_check_with_outlines_is_refused_at_once(gate: GrammarGate):
     # 3,000 properties and a patternProperties: vLLM's "auto" sent it to outlines, whose check parsed its regex with
     # Python's `re` in the replica's process for minutes (Serve's health check then killed the replica).
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)},
               "patternProperties": {"^z": {"type": "string"}}}
     why = await gate.check(StructuredOutputsParams(json=schema))
-    assert why is not None and "cannot enforce" in why and "patternProperties" in why, why
+    assert why is not None and "outlines" in why and "Remove the patternProperties" in why, why
     assert gate._worker is not None and not gate._ready  # decided without a compile
 
 
@@ -135,3 +140,42 @@ async def test_the_worker_turns_go_to_the_sender_waiting_longest_whatever_each_h
     # The polite sender's one compile goes right after the one under way, not behind the flood's four.
     assert order == ["flood", "polite", "flood", "flood", "flood", "flood"]
     assert not turns.busy
+
+
+class _FakeLLM:
+    """AsyncLLM's generate as the pin uses it: records each request's structured output, fails when told to."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+        self.fail = False
+
+    async def generate(self, prompt, params, request_id):
+        self.sent.append(params.structured_outputs)
+        await asyncio.sleep(0.01)
+        if self.fail:
+            raise RuntimeError("engine down")
+        yield object()
+
+
+async def test_the_engines_backend_is_pinned_once_before_its_first_constraint_and_again_after_a_failure():
+    llm = _FakeLLM()
+    pin = XgrammarPin(llm, [42])  # type: ignore[arg-type]
+    llm.fail = True
+    with pytest.raises(RuntimeError):
+        await pin.ensure()
+    llm.fail = False
+    await asyncio.gather(*(pin.ensure() for _ in range(5)))  # tried again; one request for all five waiting
+    await pin.ensure()
+    assert [s.json_object for s in llm.sent] == [True, True]  # type: ignore[attr-defined]
+
+
+async def test_the_gate_pins_the_engine_for_what_it_lets_through_only():
+    llm = _FakeLLM()
+    gate = GrammarGate("/nonexistent-folder", 49152, False, deadline_s=2.0, pin=XgrammarPin(llm, [42]))  # type: ignore[arg-type]
+    try:
+        assert await gate.check(None) is None and not llm.sent  # no constraint: nothing to pin
+        outlines = {"type": "integer", "multipleOf": 3, "patternProperties": {"^a": {}}}
+        assert await gate.check(StructuredOutputsParams(json=outlines)) is not None and not llm.sent
+        assert await gate.check(StructuredOutputsParams(json_object=True)) is None and len(llm.sent) == 1
+    finally:
+        gate.close()

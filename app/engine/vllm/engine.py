@@ -36,6 +36,7 @@ from app.engine.interface import (
 )
 from app.engine.vllm.beam_search import beam_search_outputs
 from app.engine.vllm.from_vllm import prompt_token_logprobs, step_choices
+from app.engine.vllm.grammar_backend import XgrammarPin
 from app.engine.vllm.grammar_gate import GrammarGate
 from app.engine.vllm.refusals import refusal, rejected
 from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
@@ -130,7 +131,7 @@ class VLLMEngine:
         self._tokenizer = self._llm.get_tokenizer()
         config = self._llm.model_config  # started after the affinity above: its compiles keep to the front end's cores
         self._grammars = GrammarGate(config.tokenizer, config.get_vocab_size(), model.engine.trust_remote_code,
-                                     model.limits.max_grammar_compile_s)
+                                     model.limits.max_grammar_compile_s, XgrammarPin(self._llm, self.encode("{")))
         # Vocabulary strings are at least as long as the text they decode to (byte-level BPE spells each byte as
         # a character; SentencePiece's byte tokens are longer still), added and special tokens included.
         self._max_token_chars = max(1, max(map(len, self._tokenizer.get_vocab()), default=1))
@@ -178,10 +179,10 @@ class VLLMEngine:
             sampling = None if params.beam_search else sampling_params(params)  # beams: vLLM's own steps' sampling
         except (VLLMValidationError, ValueError) as err:
             raise refusal(err, params) from None
-        if sampling is not None and self._grammars is not None and (why := await self._grammars.check(
-                sampling.structured_outputs, params.sender)):
-            raise EngineRejected(why)  # the host names the constraint's parameter
         try:
+            if sampling is not None and self._grammars is not None and (why := await self._grammars.check(
+                    sampling.structured_outputs, params.sender)):
+                raise EngineRejected(why)  # the host names the constraint's parameter
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
             outputs = (beam_search_outputs(self.llm, prompt_token_ids, request_id, params) if sampling is None
@@ -276,8 +277,7 @@ class VLLMEngine:
         unfinished = self._llm.get_num_unfinished_requests() if self._llm is not None else 0
         return EngineStats(
             running=unfinished, waiting=s.waiting,
-            kv_cache_usage=s.kv_cache_usage,
-            preemptions_total=s.preemptions_total,
+            kv_cache_usage=s.kv_cache_usage, preemptions_total=s.preemptions_total,
             prompt_tokens_total=s.prompt_tokens_total, generation_tokens_total=s.generation_tokens_total,
             prefix_cache_queries_total=s.prefix_cache_queries_total,
             prefix_cache_hits_total=s.prefix_cache_hits_total,

@@ -9,11 +9,12 @@ optional literals; the compile time grows as the 2.2th power of their number, 13
 engine would compile is compiled first by grammar_worker.py; past `limits.max_grammar_compile_s` that process is
 killed with its compile (and started again for the next) and the request is refused with a 400. Each verdict is
 kept, so a grammar seen before costs nothing; one that compiles is compiled again by the engine (milliseconds for
-the schemas of tools and response formats).
+the schemas of tools and response formats). One the compiler refuses is refused with its words (the engine would
+end the request with nothing to say but "error"). New compiles wait their turn, shared among tenants.
 
-    gate = GrammarGate(folder, vocab_size, trust_remote_code, deadline_s)   # in the engine's start
-    refusal = await gate.check(structured)   # None, or why the request is refused
-    gate.close()                             # in the engine's shutdown
+    gate = GrammarGate(folder, vocab_size, trust_remote_code, deadline_s, pin)   # in the engine's start
+    refusal = await gate.check(structured, sender)   # None (the engine's backend pinned), or why it is refused
+    gate.close()                                     # in the engine's shutdown
 """
 
 from __future__ import annotations
@@ -33,37 +34,45 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.structured_output.backend_guidance import has_guidance_unsupported_json_features
 from vllm.v1.structured_output.backend_types import StructuredOutputOptions
 from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
 from vllm.v1.structured_output.request import get_structured_output_key
 from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely_lark
+
+from app.engine.vllm.grammar_backend import XgrammarPin
 
 log = logging.getLogger(__name__)
 START_S = 120.0  # the worker's imports and tokenizer: about 5 s on an idle 2-core machine
 VERDICTS_KEPT = 1024
 SENDERS_KEPT = 4096  # senders whose last turn is remembered
 XGRAMMAR_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
-UNENFORCEABLE = ("the JSON schema uses a keyword the engine's grammar compiler (xgrammar) cannot enforce: multipleOf; "
-                 "uniqueItems, contains, minContains or maxContains; a string format it lacks; pattern or format "
-                 "together with minLength or maxLength; propertyNames or several patternProperties, or either with "
-                 "properties; allOf with several branches. Remove it from the schema (and check that part of the "
-                 "answer yourself)")
+OUTLINES_ONLY = ("the JSON schema has patternProperties together with a keyword xgrammar lacks (multipleOf; "
+                 "uniqueItems, contains, minContains or maxContains; a string format it lacks; pattern or format with "
+                 "minLength or maxLength; propertyNames or several patternProperties, or either with properties; allOf "
+                 "with several branches): vLLM would check it with its outlines backend, in the serving process and "
+                 "without a time limit. Remove the patternProperties, or that keyword")
 
 
 class Unenforceable(Exception):
-    """A constraint the engine's backend (xgrammar, the only one it runs: to_vllm.py) cannot enforce."""
+    """A constraint this service does not let reach vLLM."""
 
 
 def compiled_as(structured: StructuredOutputsParams) -> tuple[str, str] | None:
     """What vLLM's xgrammar backend compiles for this constraint, as (kind, spec): vLLM's own key for it (the spec
     the engine compiles), a choice list as the grammar vLLM's checks rewrite it into, a grammar as EBNF or Lark as
     the backend tells them apart. None where it compiles nothing worth a check (`json_object`'s fixed grammar).
-    `Unenforceable` for a schema with features xgrammar lacks (vLLM's own list of them)."""
+    A schema with keywords xgrammar lacks (vLLM's own lists) is checked by guidance in vLLM's front end (quickly) and
+    compiled by xgrammar in the engine (grammar_backend.py), which ignores them, as `vllm serve`'s does once it runs
+    xgrammar. One that guidance lacks too (patternProperties) would be checked by outlines, whose check parsed the
+    regex of 3,000 properties with Python's `re` in the replica's process for minutes (2-core Xeon), until Serve's
+    health check killed the replica: `Unenforceable`."""
     option, spec = get_structured_output_key(structured)
     if option is StructuredOutputOptions.JSON:
         schema = json.loads(spec)
-        if isinstance(schema, dict) and has_xgrammar_unsupported_json_features(schema):
-            raise Unenforceable(UNENFORCEABLE)
+        if isinstance(schema, dict) and has_xgrammar_unsupported_json_features(schema) \
+                and has_guidance_unsupported_json_features(schema):
+            raise Unenforceable(OUTLINES_ONLY)
         return "json", spec
     if option is StructuredOutputOptions.REGEX:
         return "regex", spec
@@ -122,7 +131,9 @@ class _Turns:
 
 
 class GrammarGate:
-    def __init__(self, folder: str, vocab_size: int, trust_remote_code: bool, deadline_s: float):
+    def __init__(self, folder: str, vocab_size: int, trust_remote_code: bool, deadline_s: float,
+                 pin: XgrammarPin | None = None):
+        self._pin = pin
         self._command = [sys.executable, "-m", "app.engine.vllm.grammar_worker", folder, str(vocab_size),
                          "1" if trust_remote_code else "0"]
         self._deadline_s = deadline_s
@@ -148,8 +159,14 @@ class GrammarGate:
             self._worker, self._broken = None, True
 
     async def check(self, structured: StructuredOutputsParams | None, sender: str = "") -> str | None:
-        """None when the engine may compile this constraint; otherwise why it is refused. `sender`: who asks (its
-        tenant), for its turn at the worker."""
+        """None when the engine may compile this constraint (its backend then made xgrammar, if the gate has the
+        engine's pin); otherwise why it is refused. `sender`: who asks (its tenant), for its turn at the worker."""
+        why = await self._why(structured, sender)
+        if why is None and structured is not None and self._pin is not None:
+            await self._pin.ensure()
+        return why
+
+    async def _why(self, structured: StructuredOutputsParams | None, sender: str) -> str | None:
         try:
             what = compiled_as(structured) if structured is not None and not self._broken else None
         except Unenforceable as err:

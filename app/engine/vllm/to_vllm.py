@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from vllm import SamplingParams
-from vllm.config import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.executor.uniproc_executor import UniProcExecutor
@@ -61,11 +60,6 @@ def engine_args(model: ModelConfig, dtype: Dtype) -> AsyncEngineArgs:
         trust_remote_code=e.trust_remote_code,
         # Beam search asks for 2 x n logprobs at each of its steps (vLLM's BeamSearchOnlineMixin).
         max_logprobs=max(model.limits.max_logprobs, 2 * model.limits.max_n, 1),
-        # One backend, known beforehand. vLLM's "auto" picks one per request, but its engine runs whichever the
-        # first constrained request picked for every later one; and a schema sent to outlines had its regex parsed
-        # by Python's `re` in the replica's process for minutes (2-core Xeon: 3,000 properties and a
-        # patternProperties), until Serve's health check killed the replica. The grammar gate compiles as xgrammar.
-        structured_outputs_config=StructuredOutputsConfig(backend="xgrammar"),
     )
 
 

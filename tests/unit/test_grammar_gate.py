@@ -41,15 +41,15 @@ async def test_a_grammar_past_the_deadline_is_refused_and_its_compile_killed(gat
     # Its client gone while it compiles: the compile goes on to its verdict, and the worker's answer to it is never
     # read as the answer to the next constraint.
     gone = asyncio.ensure_future(gate.check(BOMB))
-    while not gate._pending:
+    while not first.children():  # its compile under way, in a child the worker forked
         await asyncio.sleep(0.01)
+    compiling = first.children()[0]
     gone.cancel()
-    assert await gate.check(StructuredOutputsParams(regex="[a-z]+@[a-z]+")) is None  # a new worker compiled it
-    assert not first.is_running() or first.status() == psutil.STATUS_ZOMBIE  # the bomb's compile went with it
-    second = _worker(gate)
+    assert await gate.check(StructuredOutputsParams(regex="[a-z]+@[a-z]+")) is None  # the same worker compiled it
+    assert not compiling.is_running() or compiling.status() == psutil.STATUS_ZOMBIE  # killed at the deadline
+    assert _worker(gate).pid == first.pid  # the worker stays: no start to wait for before the next compile
     why = await gate.check(BOMB)  # kept: refused without compiling again
     assert why is not None and "did not compile within 2 s" in why and "simplify it" in why
-    assert _worker(gate).pid == second.pid
     # What the compiler refuses, the engine's would too (after admission, with nothing to say but "error").
     why = await gate.check(StructuredOutputsParams(grammar="root ::= undefined_rule"))
     assert why is not None and "could not be compiled (xgrammar: " in why and "undefined_rule" in why, why
@@ -108,11 +108,14 @@ async def test_a_gate_that_cannot_start_leaves_every_constraint_to_the_engine():
 async def test_a_compile_in_flight_when_the_gate_closes_starts_no_worker_after_it(gate: GrammarGate):
     assert await gate.check(StructuredOutputsParams(json=WEATHER)) is None  # its worker ready
     in_flight = asyncio.ensure_future(gate.check(BOMB))
-    while not gate._turns.busy:  # taken, then the bomb sent before the task waits for the answer
+    while not _worker(gate).children():  # the bomb under way, in a child the worker forked
         await asyncio.sleep(0.01)
+    compiling = _worker(gate).children()
     gate.close()  # the engine's shutdown
     await in_flight  # its compile ended with the worker
     assert gate._worker is None
+    psutil.wait_procs(compiling, timeout=10)  # the compile's child too (it is killed when its worker dies)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in compiling)
 
 
 async def test_the_worker_turns_go_to_the_sender_waiting_longest_whatever_each_has_queued():

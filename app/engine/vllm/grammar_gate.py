@@ -43,6 +43,7 @@ from vllm.v1.structured_output.utils import choice_as_grammar, grammar_is_likely
 from app.engine.vllm.grammar_backend import XgrammarPin
 
 log = logging.getLogger(__name__)
+MARGIN_S = 10.0  # beyond the deadline, for the worker to kill its compile and answer
 START_S = 120.0  # the worker's imports and tokenizer: about 5 s on an idle 2-core machine
 VERDICTS_KEPT = 1024
 SENDERS_KEPT = 4096  # senders whose last turn is remembered
@@ -135,7 +136,7 @@ class GrammarGate:
                  pin: XgrammarPin | None = None):
         self._pin = pin
         self._command = [sys.executable, "-m", "app.engine.vllm.grammar_worker", folder, str(vocab_size),
-                         "1" if trust_remote_code else "0"]
+                         "1" if trust_remote_code else "0", str(deadline_s)]
         self._deadline_s = deadline_s
         self._worker: subprocess.Popen[bytes] | None = None
         self._ready = False
@@ -213,7 +214,8 @@ class GrammarGate:
                 self._ready = True
             worker.stdin.write((json.dumps({"kind": kind, "spec": spec}) + "\n").encode())
             worker.stdin.flush()
-            line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), self._deadline_s)
+            # The worker kills its compile at the deadline itself; past that and a margin, the worker is stuck.
+            line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), self._deadline_s + MARGIN_S)
         except TimeoutError:
             self._kill()
             if not self._ready:  # the gate itself could not start: leave the constraints to the engine
@@ -222,24 +224,29 @@ class GrammarGate:
                 self._broken = True
                 return None, False
             self._start()  # at once, not at the next constraint: its start takes seconds
-            return (f"the constraint did not compile within {self._deadline_s:g} s (the engine compiles it into an "
-                    "automaton for every request): simplify it, for example with fewer optional or repeated parts",
-                    True)
+            return self._late(), True
         except (OSError, ValueError) as err:  # the gate failed, not the constraint: the engine decides
             log.warning("grammar gate failed (%s); constraints go to the engine unchecked", err)
             self._broken = self._broken or not self._ready
             self._kill()
             return None, False
-        if not line:  # the worker died compiling it (its memory, say): the engine's would have too
-            self._kill()
-            self._start()
-            return "the constraint could not be compiled: its compile ended the process checking it; simplify it", False
-        answer = json.loads(line)
+        answer = json.loads(line or b'{"died": true}')
         if answer.get("ok"):
             return None, True
+        if answer.get("late"):
+            return self._late(), True
+        if answer.get("died"):  # its compile ended the process compiling it (its memory, say): the engine's would too
+            if not line:
+                self._kill()
+                self._start()
+            return "the constraint could not be compiled: its compile ended the process checking it; simplify it", False
         # The engine's compile would fail the same way, after admission and with nothing to say but "error".
         error = XGRAMMAR_LOG_PREFIX.sub("", str(answer.get("error"))).strip()  # its clock and source line
         return f"the constraint could not be compiled (xgrammar: {error}): correct or simplify it", True
+
+    def _late(self) -> str:
+        return (f"the constraint did not compile within {self._deadline_s:g} s (the engine compiles it into an "
+                "automaton for every request): simplify it, for example with fewer optional or repeated parts")
 
     def _kill(self) -> None:
         worker, self._worker = self._worker, None

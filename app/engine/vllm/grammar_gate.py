@@ -6,11 +6,12 @@ has a time limit there (which frees the caller, not the thread). A 15 KB EBNF gr
 bounds, compiled for minutes at 100 % of a core after its request had timed out, and the next constrained request
 waited behind it until the replica declared its engine wedged and restarted it (2-core Xeon, 2026-12-07: 3,000
 optional literals; the compile time grows as the 2.2th power of their number, 13 s at 400). Here the grammar the
-engine would compile is compiled first by grammar_worker.py; past `limits.max_grammar_compile_s` that process is
-killed with its compile (and started again for the next) and the request is refused with a 400. Each verdict is
-kept, so a grammar seen before costs nothing; one that compiles is compiled again by the engine (milliseconds for
-the schemas of tools and response formats). One the compiler refuses is refused with its words (the engine would
-end the request with nothing to say but "error"). New compiles wait their turn, shared among tenants.
+engine would compile is compiled first by grammar_worker.py (in a child it forks for each); past
+`limits.max_grammar_compile_s` that child is killed with its compile and the request is refused with a 400. Each
+verdict is kept, so a grammar seen before costs nothing; one that compiles is compiled again by the engine
+(milliseconds for the schemas of tools and response formats). One the compiler refuses is refused with its words
+(the engine would end the request with nothing to say but "error"). New compiles wait their turn, shared among
+tenants.
 
     gate = GrammarGate(folder, vocab_size, trust_remote_code, deadline_s, pin)   # in the engine's start
     refusal = await gate.check(structured, sender)   # None (the engine's backend pinned), or why it is refused
@@ -86,9 +87,9 @@ def compiled_as(structured: StructuredOutputsParams) -> tuple[str, str] | None:
 
 class _Turns:
     """One compile at a time; when the worker is free, the next turn goes to the sender whose last turn is the
-    oldest, whatever each has queued: one client sending new constraints by the dozen (each up to the deadline and
-    the worker's restart, 9 s on the 2-core Xeon) waits behind its own, and another's waits for one at most (8 at
-    once from one client held a new schema of another's for 74 s in first-come order)."""
+    oldest, whatever each has queued: one client sending new constraints by the dozen (each up to the deadline)
+    waits behind its own, and another's waits for one at most (8 at once from one client held a new schema of
+    another's for 74 s in first-come order, 2-core Xeon)."""
 
     def __init__(self) -> None:
         self.busy = False

@@ -57,12 +57,12 @@ def _compile_within(info: Any, kind: str, spec: str, deadline_s: float) -> dict[
     worker = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: compile, answer, leave at once; killed with this process if it is killed first
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != worker:  # it was, before the line above
-            os._exit(0)
-        os.close(read)
-        os.write(write, json.dumps(_compile(info, kind, spec)).encode())
-        os._exit(0)
+        try:
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() == worker:  # else it died before the line above
+                os.write(write, json.dumps(_compile(info, kind, spec)).encode())
+        finally:
+            os._exit(0)  # never back into the worker's loop
     os.close(write)
     with os.fdopen(read, "rb") as answer:
         if not select.select([answer], [], [], deadline_s)[0]:

@@ -26,8 +26,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def _exit_with_parent(parent: int) -> None:
-    # A parent that died cannot kill this process in the middle of a compile: the compile's thread holds no lock
-    # that matters, so leave at once.
+    # A replica that died without closing its gate cannot kill this process: leave at once (a compile's child goes
+    # with it, PR_SET_PDEATHSIG).
     while os.getppid() == parent:
         time.sleep(1)
     os._exit(0)

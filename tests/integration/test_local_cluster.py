@@ -561,8 +561,7 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     resumed_before = len(cluster.worker_lines(RESUMED))
     with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the node is lost")
-        streams = _streams_under_way(two_fake_replicas)
-        busiest = _busiest(two_fake_replicas)
+        streams, busiest = _busiest_while_streaming(two_fake_replicas)
         victim = next(r for r in cluster.replicas(DEPLOYMENT) if r.replica_id == busiest)
         lost_at = time.monotonic()
         said = cluster.lose_node(victim.node)
@@ -597,6 +596,21 @@ def _busiest(deployment: Deployment) -> str:
 
     replicas = wait_until(answered, timeout_s=60, interval_s=0.5, what=f"/stats from every replica of {expected}")
     return max(replicas, key=lambda rid: replicas[rid]["admission"]["in_system"])
+
+
+def _busiest_while_streaming(deployment: Deployment) -> tuple[list[LongStream], str]:
+    """Long streams under way and `_busiest` asked while they still run. `/stats` waits for every replica's answer,
+    and on a loaded 2-core machine that can outlast a fake stream's 9.6 s; a replica picked after the streams ended
+    has nothing to move (a CI run of 2026-12-07: "no request was on the lost node's replica", 4 of 4 streams
+    whole), so a round whose streams ended first is started again."""
+    for _ in range(3):
+        streams = _streams_under_way(deployment)
+        busiest = _busiest(deployment)
+        if all(s.is_alive() for s in streams):
+            return streams, busiest
+        for s in streams:
+            s.join(timeout=600)
+    raise AssertionError("three rounds of long streams ended before /stats answered: no replica held one")
 
 
 def _streams_under_way(deployment: Deployment, count: int = 4) -> list[LongStream]:

@@ -10,6 +10,7 @@ completion's room (shrinking a default `max_tokens` to what is left).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -21,6 +22,20 @@ from app.engine.prompt_render import render_prompt, truncated
 from app.errors import ContextLengthExceeded, InvalidRequest, QueueFull
 
 _T = TypeVar("_T")
+
+
+_NOT_TEXT = ("it contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not "
+             "Unicode text; send the character's whole surrogate pair or the character itself")
+
+
+def _has_lone_surrogate(prompt: PromptInput) -> bool:
+    """Whether the prompt's text holds a code point UTF-8 cannot carry: legal JSON, refused by the tokenizer with
+    a TypeError about its input types."""
+    try:
+        json.dumps([prompt.text, prompt.messages, prompt.tools], ensure_ascii=False, default=str).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def prompt_param(prompt: PromptInput) -> str:
@@ -92,10 +107,9 @@ class PromptTokenizer:
         except InvalidRequest:
             raise
         except Exception as err:  # e.g. a chat template that rejects the message order
-            raise InvalidRequest(
-                f"the prompt could not be rendered for this model: {err}",
-                param=prompt_param(prompt),
-            ) from None
+            why = _NOT_TEXT if _has_lone_surrogate(prompt) else str(err)  # the tokenizer's words say nothing
+            raise InvalidRequest(f"the prompt could not be rendered for this model: {why}",
+                                 param=prompt_param(prompt)) from None
         if prompt.truncate_to is not None:
             n_ctx = self.model.engine.max_model_len
             if prompt.truncate_to > n_ctx:  # vLLM's refusal, with its message

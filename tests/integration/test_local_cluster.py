@@ -28,7 +28,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -441,16 +441,23 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
         twin.start()
     for twin in twins.values():
         twin.join(timeout=300)
-    with two_fake_replicas.load(plain=2, streaming=2) as load:
-        load.wait_served(6, what="steady load before the kill")
-        streams = _streams_under_way(two_fake_replicas)
-        disturbed = [(name, LongStream(two_fake_replicas.base_url, KEY, MODEL, **TWINS[name]))
-                     for name in TWINS for _ in range(3)]
+    resumed_before = len(cluster.worker_lines(RESUMED))  # the real engines' tests above share the session's logs
+    disturbed: list[tuple[str, LongStream]] = []
+
+    def start() -> list[LongStream]:
+        disturbed[:] = [(name, LongStream(two_fake_replicas.base_url, KEY, MODEL, **TWINS[name]))
+                        for name in TWINS for _ in range(3)]
         for _, s in disturbed:
             s.start()
+        long_ones = _streams_under_way(two_fake_replicas)
         wait_until(lambda: all(s.chunks >= 3 for _, s in disturbed), timeout_s=300, interval_s=0.2,
                    what="every twin-checked stream under way")
-        victim_id = _busiest(two_fake_replicas)
+        return [*long_ones, *(s for _, s in disturbed)]
+
+    with two_fake_replicas.load(plain=2, streaming=2) as load:
+        load.wait_served(6, what="steady load before the kill")
+        every, victim_id = _busiest_while_streaming(two_fake_replicas, start)
+        streams = every[:4]
         victim_pid = before[victim_id]
         killed_at = time.monotonic()
         psutil.Process(victim_pid).kill()
@@ -460,9 +467,9 @@ def test_a_killed_replica_costs_no_request_and_its_streams_continue_on_the_other
                    interval_s=1, what="the killed replica gone from Serve")
         cluster.wait_replicas(APP, DEPLOYMENT, running=2, timeout_s=START_S)
         load.wait_served(6, what="the load served once both replicas run")
-    resumed = cluster.worker_lines(RESUMED)
+    resumed = _resumed_since(cluster, resumed_before)
     print(f"replica {victim_id} killed: {load.summary(killed_at)}; long streams whole: "
-          f"{sum(s.whole() is None for s in streams)} of {len(streams)}; continuations logged: {len(resumed)}")
+          f"{sum(s.whole() is None for s in streams)} of {len(streams)}; continuations logged: {resumed}")
     assert not load.failures(), load.summary(killed_at)
     for s in streams:
         assert s.whole() is None, s.whole()
@@ -598,13 +605,15 @@ def _busiest(deployment: Deployment) -> str:
     return max(replicas, key=lambda rid: replicas[rid]["admission"]["in_system"])
 
 
-def _busiest_while_streaming(deployment: Deployment) -> tuple[list[LongStream], str]:
-    """Long streams under way and `_busiest` asked while they still run. `/stats` waits for every replica's answer,
+def _busiest_while_streaming(deployment: Deployment, start: Callable[[], list[LongStream]] | None = None,
+                             ) -> tuple[list[LongStream], str]:
+    """Long streams under way (`start`'s; by default `_streams_under_way`'s) and `_busiest` asked while they still
+    run. `/stats` waits for every replica's answer,
     and on a loaded 2-core machine that can outlast a fake stream's 9.6 s; a replica picked after the streams ended
     has nothing to move (a CI run of 2026-12-07: "no request was on the lost node's replica", 4 of 4 streams
     whole), so a round whose streams ended first is started again."""
     for _ in range(3):
-        streams = _streams_under_way(deployment)
+        streams = start() if start is not None else _streams_under_way(deployment)
         busiest = _busiest(deployment)
         if all(s.is_alive() for s in streams):
             return streams, busiest

@@ -65,6 +65,31 @@ async def test_fake_engine_answers_where_a_real_one_might_refuse(client: httpx.A
     assert json.loads(unknown.content)["error"]["message"].startswith("The model 'm\udc00'")
 
 
+class StrictTextEngine(FakeEngine):
+    """Encodes as vLLM's Hugging Face tokenizer does: a lone surrogate is not text, and its TypeError says only
+    "TextEncodeInput must be Union[TextInputSequence, ...]"."""
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, "
+                            "InputSequence]]") from None
+        return super().encode(text)
+
+
+async def test_a_lone_surrogate_a_tokenizer_refuses_is_named_in_the_400(make_stack):
+    stack = make_stack(engine=StrictTextEngine())
+    json_type = {"content-type": "application/json"}
+    for path, body, param in ((CHAT, small_chat(MODEL_ID, "Hi \ud800"), "messages"),
+                              (COMPLETIONS, {"model": MODEL_ID, "prompt": "a\udfffb", "max_tokens": 2}, "prompt")):
+        r = await stack.client.post(path, content=as_json(body), headers=json_type)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and "lone UTF-16 surrogate" in error["message"], error
+    assert (await stack.client.post(CHAT, json=small_chat(MODEL_ID))).status_code == 200
+
+
 async def test_no_engine_request_left_behind(client: httpx.AsyncClient, stack):
     for case in CASES:
         if not case.chunked:

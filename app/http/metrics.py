@@ -206,7 +206,8 @@ class _Snapshot:
         )
         yield _by_model_and(
             "app_requests_migrated",
-            "Choices the ingress resumed on another replica after theirs failed mid-answer (outcome 'resumed'), "
+            "Choices resumed on another replica, or on the engine restarted in place, after theirs failed "
+            "mid-answer (outcome 'resumed'), "
             "requests that could not continue elsewhere (outcome 'unresumable'), and streams it took out of the "
             "engine while their client did not read (outcome 'paused').",
             "outcome",

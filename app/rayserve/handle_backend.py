@@ -46,6 +46,7 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
+from app.engine.merged_streams import merged
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.pauses import pausable
 from app.host.replica_load import ReplicaLoad
@@ -53,7 +54,6 @@ from app.host.stats import ReplicaStats
 from app.rayserve.call_ids import remote
 from app.rayserve.client_pauses import paused_while_unread
 from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
-from app.rayserve.merged_streams import merged
 from app.rayserve.request_router import Addressed, replica_ids, replica_loads
 from app.rayserve.scaling_view import ScalingView
 from app.rayserve.unmet_demand import UnmetDemand, unmet_refusal

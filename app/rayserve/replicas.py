@@ -33,6 +33,7 @@ from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, Gen
 from app.errors import ServiceError
 from app.host.engine_host import EngineHost
 from app.host.replica_load import refused_at_ingress
+from app.host.resuming_host import ResumingHost
 from app.host.stats import ReplicaStats
 from app.http.ingress import create_app
 from app.http.listener import HttpListener
@@ -225,8 +226,9 @@ class ModelServer:
         _keep_replica_port_on_loopback()
         model = config.models[0]
         _refuse_open_access(config, listen)
-        # Loads now: see EngineReplica. An engine that dies or wedges is restarted in place (host/engine_host.py).
-        self.host = EngineHost(model, make_engine(model), config.service, engine_factory=lambda: make_engine(model))
+        # Loads now: see EngineReplica. An engine that dies or wedges is restarted in place (host/supervisor.py), and
+        # the requests it had continue on the new one (host/resuming_host.py): this replica has no other to give them.
+        self.host = ResumingHost(model, make_engine(model), config.service, engine_factory=lambda: make_engine(model))
         self._api = create_app(config, {model.id: self.host}, behind_serve_proxy=not listen, watch_event_loop=True)
         self._listener = _listen(self._api, config.service) if listen else None
 

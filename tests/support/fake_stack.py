@@ -20,7 +20,7 @@ import httpx
 from app.config.app_config import AppConfig, parse_config
 from app.engine.fake import FakeEngine
 from app.engine.interface import GenerateRequest, GenerationParams, PromptInput
-from app.host.engine_host import EngineHost
+from app.host.resuming_host import ResumingHost
 from app.http.ingress import create_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ class Stack:
     def __init__(self, config: AppConfig, engine: FakeEngine):
         self.config = config
         self.engine = engine
-        self.host = EngineHost(config.models[0], engine, config.service)
+        self.host = ResumingHost(config.models[0], engine, config.service)  # as the replica serving HTTP builds it
         # Keys resolved as the builder resolves them (the file's and this process's APP_API_KEYS, as digests).
         self.app = create_app(config.with_resolved_keys(), {config.models[0].id: self.host})
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test", timeout=10)

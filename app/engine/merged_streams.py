@@ -1,7 +1,7 @@
 """Several streams read as one: the items of each as they come; the first failure ends all of them.
 
-The choices of a request continued on other replicas (app/rayserve/handle_backend.py) each come from a stream of
-their own; the client's stream is their merge.
+The choices of a request continued on other replicas (app/rayserve/handle_backend.py) or on an engine restarted in
+place (app/host/resuming_host.py) each come from a stream of their own; the client's stream is their merge.
 """
 
 from __future__ import annotations

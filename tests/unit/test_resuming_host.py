@@ -1,0 +1,109 @@
+"""A replica that serves HTTP itself keeps its requests through a broken engine (app/host/resuming_host.py): they
+wait for the engine restarted in place and continue on it, the answer whole and as it would have been; a request
+that arrives during the restart is refused at once; with no restart coming, in-flight requests end with the
+retryable 503 as before."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.config.service import ServiceConfig
+from app.engine.fake import FakeEngine
+from app.engine.interface import Admitted, GenerationDelta
+from app.errors import RequestTimeout, ServiceUnavailable
+from app.host.resuming_host import ResumingHost
+from app.host.supervisor import EngineState
+from tests.support.fake_stack import make_config, make_request
+from tests.support.waiting import until
+
+DELAY_S = 0.01
+
+
+class GatedStart(FakeEngine):
+    """A restarted engine that loads until its gate opens, as a real one takes tens of seconds."""
+
+    def __init__(self, gate: threading.Event):
+        super().__init__(token_delay_s=DELAY_S)
+        self.gate = gate
+
+    def start(self) -> None:
+        self.gate.wait(30)
+        super().start()
+
+
+def _host(factory=None) -> ResumingHost:
+    return ResumingHost(make_config().models[0], FakeEngine(token_delay_s=DELAY_S), ServiceConfig(),
+                        engine_factory=factory)
+
+
+async def _answer(host: ResumingHost, request, kill_after: int | None = None) -> tuple[dict[int, str], dict, int]:
+    """The texts by choice and finish reasons of `request`, the engine killed once `kill_after` tokens came."""
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    admitted, seen = 0, 0
+    async for item in host.generate(request):
+        if isinstance(item, Admitted):
+            admitted += 1
+            continue
+        assert isinstance(item, GenerationDelta)
+        for c in item.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            seen += c.num_tokens
+            if c.finish_reason is not None:
+                finishes[c.index] = c.finish_reason
+        if kill_after is not None and seen >= kill_after:
+            kill_after = None
+            host.engine.kill()
+    return texts, finishes, admitted
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_request_under_way_waits_for_the_restart_and_its_answer_is_whole(n: int):
+    gate = threading.Event()
+    host = _host(lambda: GatedStart(gate))
+    request = make_request("tell me", max_tokens=40, n=n, seed=7, temperature=0)
+    undisturbed = await _answer(_host(), request)
+
+    task = asyncio.create_task(_answer(host, request, kill_after=5))
+    await until(lambda: host.supervisor.state is EngineState.RESTARTING, what="the restart under way")
+    assert not task.done()  # waiting for the new engine, not ended with a 503
+    with pytest.raises(ServiceUnavailable, match="restarting"):  # a new request is refused at once
+        await anext(host.generate(make_request("new")))
+    gate.set()
+    texts, finishes, admitted = await asyncio.wait_for(task, 30)
+    assert (texts, finishes, admitted) == undisturbed and admitted == 1
+    assert host.migrated["resumed"] == n and host.supervisor.restarts_total == 1
+
+
+async def test_a_request_that_had_no_answer_yet_is_sent_again_on_the_new_engine():
+    gate = threading.Event()
+    host = ResumingHost(make_config().models[0], FakeEngine(prefill_s_per_token=0.02), ServiceConfig(),
+                        engine_factory=lambda: GatedStart(gate))
+    task = asyncio.create_task(_answer(host, make_request("a prompt of some length", max_tokens=8)))
+    await until(lambda: host.engine.stats().running == 1, what="the request in its prefill")
+    host.engine.kill()  # dies before the request's first token
+    await until(lambda: host.supervisor.state is EngineState.RESTARTING, what="the restart under way")
+    gate.set()
+    texts, finishes, admitted = await asyncio.wait_for(task, 30)
+    assert len(texts[0].split()) == 8 and finishes == {0: "length"} and admitted == 1
+    assert host.migrated["resumed"] == 0  # sent again whole, not continued
+
+
+async def test_without_a_restart_the_request_ends_with_the_retryable_503():
+    host = _host()  # no factory: the broken engine is Serve's to replace
+    with pytest.raises(ServiceUnavailable):
+        await _answer(host, make_request("x", max_tokens=40), kill_after=3)
+    assert host.supervisor.state is EngineState.BROKEN and host.migrated["resumed"] == 0
+
+
+async def test_a_request_whose_time_runs_out_during_the_restart_is_a_timeout():
+    gate = threading.Event()
+    host = _host(lambda: GatedStart(gate))
+    try:
+        with pytest.raises(RequestTimeout, match="while its engine restarted"):
+            await asyncio.wait_for(_answer(host, make_request("x", max_tokens=200, timeout_s=1.0), kill_after=3), 30)
+    finally:
+        gate.set()

@@ -107,3 +107,17 @@ async def test_a_request_whose_time_runs_out_during_the_restart_is_a_timeout():
             await asyncio.wait_for(_answer(host, make_request("x", max_tokens=200, timeout_s=1.0), kill_after=3), 30)
     finally:
         gate.set()
+
+
+async def test_a_client_gone_while_it_waits_leaves_nothing_behind():
+    gate = threading.Event()
+    host = _host(lambda: GatedStart(gate))
+    task = asyncio.create_task(_answer(host, make_request("x", max_tokens=40), kill_after=3))
+    await until(lambda: host.supervisor.state is EngineState.RESTARTING, what="the restart under way")
+    task.cancel()  # what the ingress does when the client hangs up
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()
+    await until(lambda: host.supervisor.state is EngineState.SERVING, what="restarted")
+    assert host.admission.stats().in_system == 0 and host.engine.stats().running == 0
+    assert host.migrated["resumed"] == 0

@@ -53,10 +53,10 @@ class ResumingHost(EngineHost):
 
     async def generate(self, request: GenerateRequest, client: ClientReading | None = None
                        ) -> AsyncGenerator[Admitted | GenerationDelta, None]:
-        started = time.monotonic()
+        deadline = time.monotonic() + request.timeout_s
         progress = Continuation(request)
         try:
-            async with aclosing(self._attempts(progress.for_engine(), started, client)) as stream:
+            async with aclosing(self._attempts(progress.for_engine(), client)) as stream:
                 async for item in stream:
                     if progress.all_finished():  # the engine went on past a stop string matched here: abort it
                         return
@@ -70,15 +70,15 @@ class ResumingHost(EngineHost):
         if why_not is not None:
             self.migrated["unresumable"] += 1
             raise failure
-        streams = [self._resumed(progress, i, started, failure, client) for i in progress.unfinished()]
+        streams = [self._resumed(progress, i, deadline, failure, client) for i in progress.unfinished()]
         async with aclosing(merged(streams)) as choices:
             async for item in choices:
                 yield item
 
-    async def _resumed(self, progress: Continuation, index: int, started: float, failure: ServiceUnavailable,
+    async def _resumed(self, progress: Continuation, index: int, deadline: float, failure: ServiceUnavailable,
                        client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """Choice `index` of `progress`'s request, continued on the restarted engine until it finishes (at most
-        `ATTEMPTS` engines, within the request's time)."""
+        `ATTEMPTS` engines, by the request's deadline)."""
         request = progress.request
         for _ in range(ATTEMPTS):
             done = len(progress.choices[index].token_ids)
@@ -86,14 +86,13 @@ class ResumingHost(EngineHost):
                 end = ChoiceDelta(index=0, text="", num_tokens=0, finish_reason="length")
                 yield progress.observe(GenerationDelta(choices=(end,)), index=index)
                 return
-            await self._serving_again(failure, request, started)
+            await self._serving_again(failure, deadline, request.timeout_s)
             self.migrated["resumed"] += 1
             log.info("request %s choice %d: the engine failed after %d token(s) (%s); resumed on its restarted "
                      "engine", request.trace_id or request.request_id, index, done, failure)
-            remaining_s = request.timeout_s - (time.monotonic() - started)
             try:
-                async with aclosing(self._attempts(progress.resume(index, remaining_s), started, client,
-                                                   waited=True)) as stream:
+                resumed = progress.resume(index, deadline - time.monotonic())
+                async with aclosing(self._attempts(resumed, client)) as stream:
                     async for item in stream:
                         if progress.finished(index):  # as in `generate`
                             return
@@ -105,16 +104,17 @@ class ResumingHost(EngineHost):
                 failure = lost.error
         raise failure
 
-    async def _attempts(self, request: GenerateRequest, started: float, client: ClientReading | None,
-                        waited: bool = False) -> AsyncGenerator[Any, None]:
+    async def _attempts(self, request: GenerateRequest, client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """The request on this host's engine, sent again once the engine serves again when it broke before any
         answer (up to `ATTEMPTS` engines); one that breaks after answering raises `_Lost`. A request that found no
-        engine serving (`waited` False: it arrived during a restart) is refused as `EngineHost` refuses it."""
+        engine serving (it arrived during a restart) is refused as `EngineHost` refuses it."""
+        deadline = time.monotonic() + request.timeout_s
+        attempt_request = request
         for attempt in range(1, ATTEMPTS + 1):
             engine, answered = self._serving_engine(), False
             try:
                 # Closed with this stream: its slot is given back (and the engine request aborted) at once.
-                async with aclosing(super().generate(request, client)) as stream:
+                async with aclosing(super().generate(attempt_request, client)) as stream:
                     async for item in stream:
                         answered = True
                         yield item
@@ -122,13 +122,11 @@ class ResumingHost(EngineHost):
             except ServiceUnavailable as err:
                 if answered and self._broke(engine):
                     raise _Lost(err) from None
-                if answered or (engine is None and not waited) or attempt == ATTEMPTS or not self._broke(engine):
+                if answered or attempt == ATTEMPTS or not self._broke(engine):
                     raise
-                await self._serving_again(err, request, started)
-                waited = True
-                remaining_s = request.timeout_s - (time.monotonic() - started)
-                request = replace(request, timeout_s=remaining_s,
-                                  after_wedge=request.after_wedge or isinstance(err, EngineWedged))
+                await self._serving_again(err, deadline, request.timeout_s)
+                attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
+                                          after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))
 
     def _serving_engine(self) -> Engine | None:
         """The engine now serving, if one is."""
@@ -136,17 +134,19 @@ class ResumingHost(EngineHost):
         return sup.engine if sup.state is EngineState.SERVING and sup.reason is None else None
 
     def _broke(self, engine: Engine | None) -> bool:
-        """Whether `engine` (the one a request was sent to) broke since: its restart is under way or done."""
+        """Whether `engine` (the one serving when a request was sent) broke since: its restart under way or done."""
         sup = self.supervisor
         return engine is not None and (sup.engine is not engine or sup.reason is not None)
 
-    async def _serving_again(self, failure: ServiceUnavailable, request: GenerateRequest, started: float) -> None:
+    async def _serving_again(self, failure: ServiceUnavailable, deadline: float, timeout_s: float) -> None:
         """Returns once the restarted engine serves; raises `failure` when no restart is under way (the replica is
-        to be replaced), and a `RequestTimeout` when the request's time runs out first."""
-        while self._serving_engine() is None:
+        to be replaced), and a `RequestTimeout` when the request's deadline comes first."""
+        while True:
+            if time.monotonic() >= deadline:
+                raise RequestTimeout(f"The request ran past its time limit ({timeout_s:g} s) while its engine "
+                                     f"restarted after: {failure}")
+            if self._serving_engine() is not None:
+                return
             if self.supervisor.state is not EngineState.RESTARTING:
                 raise failure
-            if time.monotonic() - started >= request.timeout_s:
-                raise RequestTimeout(f"The request ran past its time limit ({request.timeout_s:g} s) while its "
-                                     f"engine restarted after: {failure}")
             await asyncio.sleep(POLL_S)

@@ -16,9 +16,10 @@ to give the first token soonest (its queue, and the prefill of what its prefix c
 and a request that even the soonest would serve later than its first-token target is refused here at once.
 
 A request whose replica fails after answering (its engine died or wedged, the replica died or stopped) continues on
-another replica: each unfinished choice resumes from the tokens it had (app/engine/continuation.py), up to `ATTEMPTS`
-times each, and the client's stream goes on unbroken. One that cannot (structured output, tool-call parsing) ends
-with the retryable 503. Counted in `migrated` (/metrics), with streams taken out of the engine while their client
+another replica: each unfinished choice resumes from the tokens it had (app/engine/resumed_stream.py), up to three
+times each, and the client's stream goes on unbroken; when no replica serves (a lone one restarting its engine in
+place), it waits for one within its time. One that cannot continue (a tool-call parser's state it was not told)
+ends with the retryable 503. Counted in `migrated` (/metrics), with streams taken out of the engine while their client
 did not read (rayserve/client_pauses.py).
 """
 
@@ -29,32 +30,29 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, cast
 
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from app.engine.client import ClientReading
-from app.engine.continuation import Continuation
 from app.engine.interface import (
     Admitted,
-    ChoiceDelta,
     Embeddings,
     EmbedRequest,
     GenerateRequest,
     GenerationDelta,
     PromptInput,
 )
-from app.engine.merged_streams import merged
+from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.pauses import pausable
 from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
 from app.rayserve.call_ids import remote
 from app.rayserve.client_pauses import paused_while_unread
-from app.rayserve.handle_errors import Lost, Refused, RefusedBy, translate, worth_another_replica
-from app.rayserve.request_router import Addressed, replica_ids, replica_loads
+from app.rayserve.handle_errors import Refused, RefusedBy, translate, worth_another_replica
+from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, Addressed, replica_ids, replica_loads
 from app.rayserve.scaling_view import ScalingView
 from app.rayserve.unmet_demand import UnmetDemand, unmet_refusal
 from app.routing.decision import Decision
@@ -64,6 +62,8 @@ log = logging.getLogger(__name__)
 # Replicas one request may try before it is refused: with two, both and a replacement that may have come up.
 ATTEMPTS = 3
 STATS_TIMEOUT_S = 5.0
+REFUSED_PAUSE_S = 4 * ROUTING_STATS_PERIOD_S  # after every replica refused a continuation: fresh figures first
+WAIT_POLL_S = 0.25  # how often a continuation with no replica serving looks again
 
 
 def _name(request: GenerateRequest) -> str:
@@ -93,65 +93,22 @@ class HandleBackend:
             return paused_while_unread(self._generate, request, client, self.migrated)
         return self._generate(request)
 
-    async def _generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
-        started = time.monotonic()
-        progress = Continuation(request)
-        try:
-            # aclosing: a caller that stops reading closes the inner stream too, which cancels the remote call.
-            async with aclosing(self._attempts(progress.for_engine())) as stream:
-                async for item in stream:
-                    passed = progress.observe(item)
-                    if passed is not None:
-                        yield passed
-                    if progress.all_finished():  # a stop string matched here: the engine may still be going
-                        return
-            return
-        except Lost as lost:
-            failure = lost
-        why_not = progress.unresumable()
-        if why_not is not None:
-            self.migrated["unresumable"] += 1
-            log.warning("request %s lost on replica %s (%s); it cannot continue elsewhere: %s",
-                        _name(request), failure.replica or "?", failure.error, why_not)
-            raise ServiceUnavailable(f"{failure.error} (this request cannot continue on another replica: {why_not})",
-                                     retry_after_s=failure.error.retry_after_s) from None
-        streams = [self._resumed(progress, i, started, failure) for i in progress.unfinished()]
-        async with aclosing(merged(streams)) as choices:
-            async for item in choices:
-                yield item
+    def _generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
+        return resumed_stream(request, self._attempts, self._until_a_replica_serves, self.migrated,
+                              "on another replica")
 
-    async def _resumed(self, progress: Continuation, index: int, started: float,
-                       failure: Lost) -> AsyncGenerator[Any, None]:
-        """Choice `index` of `progress`'s request, continued on other replicas until it finishes (at most
-        `ATTEMPTS` continuations, within the request's time)."""
-        request = progress.request
-        for _ in range(ATTEMPTS):
-            remaining_s = request.timeout_s - (time.monotonic() - started)
-            done = len(progress.choices[index].token_ids)
-            if remaining_s <= 0:
-                raise RequestTimeout(f"The request ran past its time limit ({request.timeout_s:g} s) while it was "
-                                     f"moving to another replica after: {failure.error}")
-            if done >= request.params.max_tokens:  # lost between its last token and the finish
-                end = ChoiceDelta(index=0, text="", num_tokens=0, finish_reason="length")
-                yield progress.observe(GenerationDelta(choices=(end,)), index=index)  # with any text held back
-                return
-            self.migrated["resumed"] += 1
-            try:
-                async with aclosing(self._attempts(progress.resume(index, remaining_s), failure.replica)) as stream:
-                    async for item in stream:
-                        if isinstance(item, Admitted):
-                            log.info("request %s choice %d: replica %s failed after %d token(s) (%s); resumed on "
-                                     "replica %s", _name(request), index, failure.replica or "?", done,
-                                     failure.error, item.replica or "?")
-                        passed = progress.observe(item, index=index)
-                        if passed is not None:
-                            yield passed
-                        if progress.finished(index):
-                            return
-                return
-            except Lost as lost:
-                failure = lost
-        raise failure.error
+    async def _until_a_replica_serves(self, failure: ServiceUnavailable, deadline: float, timeout_s: float,
+                                      refused: bool) -> None:
+        """Returns once some replica reports that it serves (at once when one does, or none is known yet); a
+        continuation every replica refused waits a routing-stats round first, so the next try sees fresh figures:
+        a lone replica restarting its engine in place reports `serving: False` until the new engine serves."""
+        if refused:
+            await asyncio.sleep(max(0.0, min(REFUSED_PAUSE_S, deadline - time.monotonic())))
+        while (loads := self._loads()) and not any(load.serving for load in loads.values()):
+            if time.monotonic() >= deadline:
+                raise RequestTimeout(f"The request ran past its time limit ({timeout_s:g} s) while no replica "
+                                     f"served, after: {failure}")
+            await asyncio.sleep(WAIT_POLL_S)
 
     async def _route(self, request: GenerateRequest, prompt_ids: list[int] | None,
                      avoid: tuple[str, ...]) -> Decision | None:

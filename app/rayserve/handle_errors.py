@@ -1,6 +1,6 @@
 """Errors across the Ray handle, as the ingress's handle adapter (rayserve/handle_backend.py) sees them: a replica's
 refusal sent back as a value (`Refused`), Ray's own failures turned into the service's errors (`translate`), which
-refusals are worth another replica, and a stream lost after it answered (`Lost`)."""
+and which refusals are worth another replica (a stream lost after it answered is a `engine.resumed_stream.Lost`)."""
 
 from __future__ import annotations
 
@@ -58,12 +58,3 @@ class RefusedBy(Exception):
     def __init__(self, refused: Refused):
         super().__init__(refused.error)
         self.refused = refused
-
-
-class Lost(Exception):
-    """A stream that had answered ended with a retryable `ServiceUnavailable`: its replica or engine died,
-    wedged or was stopped under it. `replica`: that replica's id where known."""
-
-    def __init__(self, error: ServiceUnavailable, replica: str):
-        super().__init__(error)
-        self.error, self.replica = error, replica

@@ -288,3 +288,31 @@ async def test_a_request_that_misses_its_target_even_alone_is_not_tried_on_other
     with pytest.raises(NeverInTime):
         await collect(HandleBackend(handle), make_request("hello", max_tokens=1))
     assert len(handle.calls) == 1  # rendering and tokenizing it again elsewhere would cost the same refusal
+
+
+async def test_a_lone_replica_restarting_its_engine_is_waited_for_and_the_choice_continues_there(monkeypatch):
+    """The ingress tier with one engine replica (an autoscaled model at its minimum): its engine dies under a stream
+    and every try of the continuation is refused while the engine restarts in place; the continuation waits until
+    the replica reports that it serves again, and goes on there."""
+    from app.host.replica_load import ReplicaLoad
+    from app.rayserve import handle_backend
+
+    monkeypatch.setattr(handle_backend, "REFUSED_PAUSE_S", 0.0)
+    monkeypatch.setattr(handle_backend, "WAIT_POLL_S", 0.001)
+    restarting = ServiceUnavailable("the engine for 'm' is restarting (died); retry shortly", retry_after_s=5)
+    lost = StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError())
+    refusals = [StandInResponse([Refused(restarting, "r1")]) for _ in range(ATTEMPTS)]  # one try per attempt
+    back = StandInResponse([Admitted(4, replica="r1"), delta(0, (2, 3), "length", first=True)])
+    handle = StandInHandle(responses=[lost, *refusals, back])
+    backend = HandleBackend(handle)
+    polls = []
+
+    def loads() -> dict[str, ReplicaLoad]:
+        polls.append(len(handle.calls))
+        return {"r1": ReplicaLoad(serving=len(polls) > 20)}  # restarting for the first 20 looks
+
+    monkeypatch.setattr(backend, "_loads", loads)
+    items = await collect(backend, make_request("hello", max_tokens=3))
+    assert text_of(items) == "<1><2><3>" and items[-1].choices[0].finish_reason == "length"
+    assert len(polls) > 20 and len(handle.calls) == 2 + ATTEMPTS  # waited, and tried again only once it served
+    assert backend.migrated == {"resumed": 2}

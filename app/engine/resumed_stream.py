@@ -88,12 +88,12 @@ async def _choice(progress: Continuation, index: int, deadline: float, failure: 
             yield progress.observe(GenerationDelta(choices=(end,)), index=index)  # with any text held back
             return
         await wait(failure.error, deadline, request.timeout_s, refused)
-        migrated["resumed"] += 1
         try:
             resumed = progress.resume(index, deadline - time.monotonic())
             async with aclosing(attempts(resumed, failure.replica)) as stream:
                 async for item in stream:
-                    if isinstance(item, Admitted):
+                    if isinstance(item, Admitted):  # taken: counted once per engine that took the choice
+                        migrated["resumed"] += 1
                         log.info("request %s choice %d: replica %s failed after %d token(s) (%s); resumed on "
                                  "replica %s", _name(request), index, failure.replica or "?", done, failure.error,
                                  item.replica or "?")

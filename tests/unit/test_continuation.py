@@ -315,4 +315,4 @@ async def test_a_lone_replica_restarting_its_engine_is_waited_for_and_the_choice
     items = await collect(backend, make_request("hello", max_tokens=3))
     assert text_of(items) == "<1><2><3>" and items[-1].choices[0].finish_reason == "length"
     assert len(polls) > 20 and len(handle.calls) == 2 + ATTEMPTS  # waited, and tried again only once it served
-    assert backend.migrated == {"resumed": 2}
+    assert backend.migrated == {"resumed": 1}  # the one engine that took the choice

@@ -1,10 +1,11 @@
 """A running service's engine killed under a greedy stream and a plain request: do both end whole, and as an
 undisturbed answer? Against a service on this machine with one engine (the default `make serve`, or the ingress tier
 with one engine replica: `service.colocate_ingress: false`), it takes an undisturbed answer, starts a 128-token
-greedy stream and then a plain request of the same, SIGKILLs the `VLLM::EngineCore`, and prints when both ended,
-whether each is whole and equal to the undisturbed answer, and the service's `app_requests_migrated_total`.
+greedy stream and then a plain request of the same, SIGKILLs the `VLLM::EngineCore` (or SIGSTOPs it: `--stop`, a
+wedge the replica finds), and prints when both ended, whether each is whole and equal to the undisturbed answer, and
+the service's `app_requests_migrated_total`.
 
-    .venv/bin/python scripts/engine_kill_probe.py [--base-url http://127.0.0.1:8000] [--api-key KEY]
+    .venv/bin/python scripts/engine_kill_probe.py [--base-url http://127.0.0.1:8000] [--api-key KEY] [--stop]
 
 It kills only the EngineCore of the `python -m app serve` whose processes listen on the URL's port.
 """
@@ -46,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
     ap.add_argument("--api-key", default="none")
+    ap.add_argument("--stop", action="store_true", help="SIGSTOP the EngineCore (a wedge) instead of SIGKILL")
     args = ap.parse_args()
     url, headers = args.base_url, {"Authorization": f"Bearer {args.api_key}"}
     model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
@@ -63,10 +65,14 @@ def main() -> None:
     waiter.start()
     time.sleep(1.0)  # the plain request reaches the engine
     killed = time.monotonic()
-    core.kill()
+    if args.stop:
+        core.suspend()  # the replica's progress watch declares it wedged and SIGKILLs it with its restart
+    else:
+        core.kill()
     stream.join(300)
     waiter.join(300)
-    print(f"EngineCore {core.pid} SIGKILLed; both ended {time.monotonic() - killed:.1f} s after the kill")
+    done = "SIGSTOPped" if args.stop else "SIGKILLed"
+    print(f"EngineCore {core.pid} {done}; both ended {time.monotonic() - killed:.1f} s after")
     print(f"stream: whole: {stream.whole() is None} ({stream.whole()}); equal to the undisturbed answer: "
           f"{stream.text == undisturbed}")
     r = plain["r"]

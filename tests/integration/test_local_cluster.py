@@ -500,6 +500,18 @@ def _router_membership_lines(cluster: LocalCluster) -> list[str]:
     return lines
 
 
+def _moved(deployment: Deployment) -> dict[str, float]:
+    """The ingress's counts of requests tried on another replica and choices moved, by reason (its /metrics)."""
+    text = httpx.get(f"{deployment.base_url}/metrics", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("app_requests_retried_total{", "app_requests_migrated_total{")):
+            labels, value = line.rsplit(" ", 1)
+            reason = labels.split('",')[-1].rstrip("}")
+            counts[f"{labels.split('_total')[0].split('_')[-1]}:{reason}"] = float(value)
+    return counts
+
+
 def _resumed_since(cluster: LocalCluster, before: int) -> int:
     return len(cluster.worker_lines(RESUMED)) - before
 
@@ -566,9 +578,12 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
     assert proxies == ["head"] and ingresses and all(r.node == "" for r in ingresses), \
         f"clients must reach the head only: proxies on {proxies}, ingress replicas {ingresses}"
     resumed_before = len(cluster.worker_lines(RESUMED))
+    moved_before = _moved(two_fake_replicas)
     with two_fake_replicas.load(plain=2, streaming=2) as load:
         load.wait_served(6, what="steady load before the node is lost")
-        streams, busiest = _busiest_while_streaming(two_fake_replicas)
+        # Eight: a replica with none of them cannot be the busiest, with the load's four clients all on it (CI runs of
+        # 2026-12-07: with four streams on one replica and the load's four on the other, the tie went to the other).
+        streams, busiest = _busiest_while_streaming(two_fake_replicas, lambda: _streams_under_way(two_fake_replicas, 8))
         victim = next(r for r in cluster.replicas(DEPLOYMENT) if r.replica_id == busiest)
         lost_at = time.monotonic()
         said = cluster.lose_node(victim.node)
@@ -578,9 +593,10 @@ def test_a_lost_node_costs_no_request_and_its_streams_continue_on_the_other(two_
                    timeout_s=180, interval_s=2, what="the lost node's replica gone from Ray's actor table")
         load.wait_served(10, what="the load served by the remaining replica")
     resumed = _resumed_since(cluster, resumed_before)
+    moved = {k: v - moved_before.get(k, 0) for k, v in _moved(two_fake_replicas).items()}
     print(f"{said} (replica {victim.replica_id}): "
           f"{load.summary(lost_at)}; long streams whole: {sum(s.whole() is None for s in streams)} of "
-          f"{len(streams)}; continuations logged: {resumed}")
+          f"{len(streams)}; continuations logged: {resumed}; the ingress's counts since the test began: {moved}")
     assert not load.failures(), load.summary(lost_at)
     for s in streams:
         assert s.whole() is None, s.whole()
@@ -602,16 +618,17 @@ def _busiest(deployment: Deployment) -> str:
         return replicas if expected <= set(replicas) else {}
 
     replicas = wait_until(answered, timeout_s=60, interval_s=0.5, what=f"/stats from every replica of {expected}")
+    print("requests in each replica at the pick:", {rid: replicas[rid]["admission"]["in_system"] for rid in replicas})
     return max(replicas, key=lambda rid: replicas[rid]["admission"]["in_system"])
 
 
 def _busiest_while_streaming(deployment: Deployment, start: Callable[[], list[LongStream]] | None = None,
                              ) -> tuple[list[LongStream], str]:
     """Long streams under way (`start`'s; by default `_streams_under_way`'s) and `_busiest` asked while they still
-    run. `/stats` waits for every replica's answer,
-    and on a loaded 2-core machine that can outlast a fake stream's 9.6 s; a replica picked after the streams ended
-    has nothing to move (a CI run of 2026-12-07: "no request was on the lost node's replica", 4 of 4 streams
-    whole), so a round whose streams ended first is started again."""
+    run: `/stats` waits for every replica's answer, which on a loaded 2-core machine can outlast a fake stream's
+    9.6 s, and a replica picked after the streams ended has nothing to move, so a round whose streams ended first is
+    started again. The busiest holds one of the streams only when they outnumber the load's clients (four): with
+    as many, all the streams on one replica and all the load on the other tie, and the tie may go to the other."""
     for _ in range(3):
         streams = start() if start is not None else _streams_under_way(deployment)
         busiest = _busiest(deployment)

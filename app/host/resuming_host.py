@@ -1,8 +1,8 @@
 """ResumingHost: the `EngineHost` of a replica that serves HTTP itself, whose requests outlive a broken engine.
 
 Such a replica (`rayserve.replicas.ModelServer`: one model on one replica, the default) has no other replica to
-give a request to when its engine dies or wedges; its supervisor restarts the engine in place (34-46 s after a
-SIGKILL on the 2-core Xeon, docs/operations.md). A request that engine had in flight waits for the restart
+give a request to when its engine dies or wedges; its supervisor restarts the engine in place (tens of seconds
+on a CPU: docs/operations.md). A request that engine had in flight waits for the restart
 instead of ending with a 503, then goes on on the new engine as the ingress tier continues one on another replica
 (`engine.resumed_stream`): sent again when nothing had come back yet; each unfinished choice continued
 from its own tokens when the client already had part of the answer, so it sees one unbroken answer. It waits

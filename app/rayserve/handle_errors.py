@@ -1,6 +1,6 @@
 """Errors across the Ray handle, as the ingress's handle adapter (rayserve/handle_backend.py) sees them: a replica's
-refusal sent back as a value (`Refused`), Ray's own failures turned into the service's errors (`translate`), which
-and which refusals are worth another replica (a stream lost after it answered is a `engine.resumed_stream.Lost`)."""
+refusal sent back as a value (`Refused`), Ray's own failures turned into the service's errors (`translate`), and
+which refusals are worth another replica (a stream lost after it answered is an `engine.resumed_stream.Lost`)."""
 
 from __future__ import annotations
 

@@ -94,9 +94,10 @@ async def _choice(progress: Continuation, index: int, deadline: float, failure: 
                 async for item in stream:
                     if isinstance(item, Admitted):  # taken: counted once per engine that took the choice
                         migrated["resumed"] += 1
-                        log.info("request %s choice %d: replica %s failed after %d token(s) (%s); resumed on "
-                                 "replica %s", _name(request), index, failure.replica or "?", done, failure.error,
-                                 item.replica or "?")
+                        # In-process (a restart in place) no replica is named: the line says where it went on.
+                        log.info("request %s choice %d: %s failed after %d token(s) (%s); resumed %s", _name(request),
+                                 index, f"replica {failure.replica}" if failure.replica else "its engine", done,
+                                 failure.error, f"on replica {item.replica}" if item.replica else where)
                     if progress.finished(index):  # as in `resumed_stream`
                         return
                     passed = progress.observe(item, index=index)

@@ -7,8 +7,9 @@ instead of ending with a 503, then goes on on the new engine as the ingress tier
 (`engine.resumed_stream`): sent again when nothing had come back yet; each unfinished choice continued
 from its own tokens when the client already had part of the answer, so it sees one unbroken answer. It waits
 within its own `timeout_s`, and not at all when the engine is not coming back (no restart under way: Serve
-replaces the replica). A request that arrives during the restart is still refused at once with a 503 and its
-`Retry-After` (it has nothing invested, and the SDKs retry after that delay).
+replaces the replica). An embeddings request under way is sent again whole on the restarted engine. A request
+that arrives during the restart is still refused at once with a 503 and its `Retry-After` (it has nothing
+invested, and the SDKs retry after that delay).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.engine.client import ClientReading
-from app.engine.interface import Admitted, Engine, GenerateRequest, GenerationDelta
+from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, GenerationDelta
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
@@ -70,6 +71,22 @@ class ResumingHost(EngineHost):
                 await self._serving_again(err, deadline, request.timeout_s, False)
                 attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
                                           after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))
+
+    async def embed(self, request: EmbedRequest) -> Embeddings:
+        """/v1/embeddings, sent again on the restarted engine when its engine broke under it (nothing of an
+        embedding reaches the client before its end, so a second try is the whole answer), up to `ATTEMPTS`."""
+        deadline = time.monotonic() + request.timeout_s
+        attempt_request, attempt = request, 1
+        while True:
+            engine = self._serving_engine()
+            try:
+                return await super().embed(attempt_request)
+            except ServiceUnavailable as err:
+                if attempt == ATTEMPTS or not self._broke(engine):
+                    raise
+                await self._serving_again(err, deadline, request.timeout_s, False)
+            attempt += 1
+            attempt_request = replace(request, timeout_s=deadline - time.monotonic())
 
     def _serving_engine(self) -> Engine | None:
         """The engine now serving, if one is."""

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 
 import pytest
 
 from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
-from app.engine.interface import Admitted, GenerationDelta
+from app.engine.interface import Admitted, EmbedRequest, GenerationDelta, PromptInput
 from app.errors import RequestTimeout, ServiceUnavailable
 from app.host.resuming_host import ResumingHost
 from app.host.supervisor import EngineState
@@ -121,3 +122,21 @@ async def test_a_client_gone_while_it_waits_leaves_nothing_behind():
     await until(lambda: host.supervisor.state is EngineState.SERVING, what="restarted")
     assert host.admission.stats().in_system == 0 and host.engine.stats().running == 0
     assert host.migrated["resumed"] == 0
+
+
+async def test_an_embeddings_request_under_way_is_answered_by_the_restarted_engine():
+    gate = threading.Event()
+    config = make_config(runner="embed").models[0]
+    host = ResumingHost(config, FakeEngine(token_delay_s=0.5), ServiceConfig(), engine_factory=lambda: GatedStart(gate))
+    request = EmbedRequest(request_id=f"embd-{uuid.uuid4().hex}", timeout_s=30,
+                           inputs=(PromptInput(text="one", param="input"), PromptInput(text="two", param="input")))
+    undisturbed = await ResumingHost(config, FakeEngine(), ServiceConfig()).embed(request)
+
+    task = asyncio.create_task(host.embed(request))
+    await until(lambda: host.engine.stats().running == 2, what="both inputs in the engine")
+    host.engine.kill()
+    await until(lambda: host.supervisor.state is EngineState.RESTARTING, what="the restart under way")
+    assert not task.done()  # waiting for the new engine, not ended with a 503
+    gate.set()
+    assert await asyncio.wait_for(task, 30) == undisturbed
+    assert host.supervisor.restarts_total == 1 and host.admission.stats().in_system == 0

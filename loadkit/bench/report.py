@@ -81,14 +81,18 @@ def results_table(runs: list[SystemRun]) -> list[str]:
 
 
 def against_vllm(runs: list[SystemRun], ray_batches: bool) -> list[str]:
-    """Each system over bare vLLM at the same precision and concurrency (the naive baseline: at its own)."""
+    """Each system over bare vLLM at the same asked precision and concurrency (the naive baseline: at its own); a
+    row where `auto` resolved differently says so."""
     base: dict[tuple[str, int], Row] = {(r.dtype, r.concurrency): r for run in runs if run.system == "vllm"
                                         for r in run.rows if r.ok}
+    # `auto` is each server's own choice: bare vLLM keeps the checkpoint's dtype where this project may not.
+    vllm_resolved = {run.dtype: run.resolved_dtype for run in runs if run.system == "vllm" and run.resolved_dtype}
+    apart: set[str] = set()
     if not base:
         return ["Bare vLLM has no successful run here, so there are no ratios.", ""]
-    lines = ["Each system's figure divided by bare vLLM's at the same precision and concurrency (throughput: higher "
-             "is better; latency and memory: lower is better). Per run: the lowest and highest of one round's "
-             "throughput over bare vLLM's in the same round (same prompts).", "",
+    lines = ["Each system's figure divided by bare vLLM's at the same precision asked for and concurrency "
+             "(throughput: higher is better; latency and memory: lower is better). Per run: the lowest and highest "
+             "of one round's throughput over bare vLLM's in the same round (same prompts).", "",
              "| System | Precision | Conc. | Output tok/s | per run | Req/s | TTFT p50 | ITL p50 | E2E p50 "
              "| Peak RSS |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -100,12 +104,21 @@ def against_vllm(runs: list[SystemRun], ray_batches: bool) -> list[str]:
             f, g = r.figures, b.figures
             # Ray Serve LLM sends tokens in batches: its ITL is not comparable (see "Reading the numbers").
             itl = "n/c" if run.system == "ray-llm" and ray_batches else ratio_text(f.itl_p50_ms, g.itl_p50_ms)
+            precision = _precision(run)
+            theirs = vllm_resolved.get(run.dtype)
+            if run.resolved_dtype and theirs and theirs != run.resolved_dtype:
+                precision += f" (vLLM: {theirs})"
+                apart.add(f"{run.resolved_dtype} against bare vLLM's {theirs}")
             lines.append(
-                f"| {run.variant.label} | {_precision(run)} | {r.concurrency} | "
+                f"| {run.variant.label} | {precision} | {r.concurrency} | "
                 f"{ratio_text(f.output_tok_s, g.output_tok_s)} | "
                 f"{spread_text(f.output_tok_s_runs, g.output_tok_s_runs)} | {ratio_text(f.req_s, g.req_s)} | "
                 f"{ratio_text(f.ttft_p50_ms, g.ttft_p50_ms)} | {itl} | "
                 f"{ratio_text(f.e2el_p50_ms, g.e2el_p50_ms)} | {ratio_text(r.peak_rss_bytes, b.peak_rss_bytes)} |")
+    if apart:
+        lines += ["", f"`auto` resolved to different precisions here ({'; '.join(sorted(apart))}): those rows "
+                  "compare precisions as much as servers (docs/precision.md says why this project's `auto` chose as it "
+                  "did). `--dtype` with one precision compares the servers alone."]
     return lines + [""]
 
 

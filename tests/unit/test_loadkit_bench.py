@@ -69,6 +69,16 @@ def test_the_report_labels_precisions_and_compares_with_bare_vllm_at_the_same_on
     assert "Not every system ran" not in text
 
 
+def test_a_ratio_between_two_precisions_that_auto_chose_says_so():
+    runs = [_run("app", "auto", 100, resolved="float32"), _run("vllm", "auto", 300, resolved="bfloat16")]
+    text = render(runs, ReportOptions(input_len=128, repeats=1, dtypes=["auto"]), _meta(), Engine(), REPO)
+    assert "| this project | auto → float32 (vLLM: bfloat16) | 4 | 0.33× |" in text
+    assert "`auto` resolved to different precisions here (float32 against bare vLLM's bfloat16)" in text
+    same = render([_run("app", "auto", 100, resolved="float32"), _run("vllm", "auto", 110, resolved="float32")],
+                  ReportOptions(input_len=128, repeats=1, dtypes=["auto"]), _meta(), Engine(), REPO)
+    assert "| this project | auto → float32 | 4 | 0.91× |" in same and "resolved to different" not in same
+
+
 def test_a_peer_that_did_not_start_is_named_in_the_first_lines():
     failed = _run("ray-llm", "bfloat16", 0, status="failed to start: exited with status 1 while starting: "
                                                    "ModuleNotFoundError: No module named 'pyarrow'")

@@ -15,7 +15,6 @@ invested, and the SDKs retry after that delay).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator
@@ -30,7 +29,6 @@ from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
 from app.host.supervisor import EngineState
 
-log = logging.getLogger("app.server")
 ATTEMPTS = 3  # engines one request may be sent to, the first included (then a crash loop is Serve's to end)
 POLL_S = 0.25  # how often a waiting request looks whether the restarted engine serves
 
@@ -66,9 +64,9 @@ class ResumingHost(EngineHost):
             except ServiceUnavailable as err:
                 if answered and self._broke(engine):
                     raise Lost(err) from None
-                if answered or attempt == ATTEMPTS or not self._broke(engine):
+                if answered:
                     raise
-                await self._serving_again(err, deadline, request.timeout_s, False)
+                await self._again_after(err, engine, attempt, deadline, request.timeout_s)
                 attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
                                           after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))
 
@@ -82,11 +80,18 @@ class ResumingHost(EngineHost):
             try:
                 return await super().embed(attempt_request)
             except ServiceUnavailable as err:
-                if attempt == ATTEMPTS or not self._broke(engine):
-                    raise
-                await self._serving_again(err, deadline, request.timeout_s, False)
+                await self._again_after(err, engine, attempt, deadline, request.timeout_s)
             attempt += 1
             attempt_request = replace(request, timeout_s=deadline - time.monotonic())
+
+    async def _again_after(self, failure: ServiceUnavailable, engine: Engine | None, attempt: int, deadline: float,
+                           timeout_s: float) -> None:
+        """Returns when a request that `failure` ended before any answer may be sent again: `engine` (the one it
+        was sent to) broke and the restarted one serves. Raises `failure` after the last of `ATTEMPTS` or when the
+        engine did not break (a refusal of the request itself, or one that arrived during a restart)."""
+        if attempt == ATTEMPTS or not self._broke(engine):
+            raise failure
+        await self._serving_again(failure, deadline, timeout_s)
 
     def _serving_engine(self) -> Engine | None:
         """The engine now serving, if one is."""

@@ -105,10 +105,12 @@ class TextFormat(_Strict):
 
 
 class Reasoning(_Strict):
-    """Chat's `reasoning_effort`, for the chat template. No reasoning items are returned, so none is summarized."""
+    """Chat's `reasoning_effort`, for the chat template. A summary is taken as vLLM takes it: this service returns no
+    reasoning items (no reasoning parser), so there is nothing to summarize, as OpenAI answers a model that did not
+    reason; LangChain's and the Agents SDK's reasoning settings send `summary: "auto"`."""
     effort: ReasoningEffort | None = None
-    summary: None = None
-    generate_summary: None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # OpenAI's deprecated name of `summary`
 
 
 class TextConfig(_Strict):
@@ -227,7 +229,7 @@ def responses_param(param: str | None) -> str | None:
 
 def summary(body: ResponsesRequest) -> dict[str, Any]:
     """The request's own settings as a Response object echoes them."""
-    choice = body.tool_choice
+    choice, reasoning = body.tool_choice, body.reasoning or Reasoning()
     return {
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
@@ -239,7 +241,7 @@ def summary(body: ResponsesRequest) -> dict[str, Any]:
         "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
         if body.text and body.text.format else {"format": {"type": "text"}},
         "previous_response_id": None,
-        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
+        "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary},
         "store": False,
         "metadata": json.loads(json.dumps((body.model_extra or {}).get("metadata") or {})),
     }

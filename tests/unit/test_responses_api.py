@@ -143,7 +143,7 @@ async def test_required_tools_call(oai):
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": 5}}], "tool_choice": "required"},
      "tools"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
-    ({"reasoning": {"effort": "high", "summary": "auto"}}, "reasoning"),  # no reasoning items to summarize
+    ({"reasoning": {"effort": "high", "summary": "brief"}}, "reasoning"),  # not one of OpenAI's summary values
     ({"stream_options": {"include_obfuscation": True}}, "stream_options"),  # asks for padding this service lacks
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
     ({"input": "x" * 300}, "input"),  # past the fake model's context: the length contract names `input`
@@ -204,6 +204,20 @@ async def test_a_reasoning_effort_goes_to_the_template_as_chat_s(oai):
     assert chat.reasoning_effort == "low"
     response = await oai.responses.create(model=MODEL_ID, input="Hello", reasoning={"effort": "low"})
     assert response.status == "completed" and response.reasoning.effort == "low"
+
+
+@pytest.mark.parametrize("reasoning", [{"effort": "low", "summary": "auto"}, {"generate_summary": "concise"}])
+async def test_a_reasoning_summary_is_taken_as_vllm_takes_it_and_none_is_made(oai, reasoning):
+    """LangChain's and the Agents SDK's reasoning settings send a summary; `vllm serve` takes it. No reasoning item
+    comes back (there is none to summarize), and the setting is echoed."""
+    response = await oai.responses.create(model=MODEL_ID, input="Hello", reasoning=reasoning)
+    assert response.status == "completed" and response.output_text
+    assert [item.type for item in response.output] == ["message"]
+    assert response.reasoning.summary == (reasoning.get("summary") or reasoning.get("generate_summary"))
+    events = [e async for e in await oai.responses.create(model=MODEL_ID, input="Hello", reasoning=reasoning,
+                                                          stream=True)]
+    assert events[-1].type == "response.completed"
+    assert not [e for e in events if "reasoning" in e.type]
 
 
 async def test_stream_options_without_obfuscation_is_what_the_service_does_anyway(oai):

@@ -53,7 +53,7 @@ class ResumingHost(EngineHost):
         deadline = time.monotonic() + request.timeout_s
         attempt_request = request
         for attempt in range(1, ATTEMPTS + 1):
-            engine, answered = self._serving_engine(), False
+            engine, answered = self.supervisor.serving_engine(), False
             try:
                 # Closed with this stream: its slot is given back (and the engine request aborted) at once.
                 async with aclosing(super().generate(attempt_request, client)) as stream:
@@ -76,7 +76,7 @@ class ResumingHost(EngineHost):
         deadline = time.monotonic() + request.timeout_s
         attempt_request, attempt = request, 1
         while True:
-            engine = self._serving_engine()
+            engine = self.supervisor.serving_engine()
             try:
                 return await super().embed(attempt_request)
             except ServiceUnavailable as err:
@@ -93,15 +93,9 @@ class ResumingHost(EngineHost):
             raise failure
         await self._serving_again(failure, deadline, timeout_s)
 
-    def _serving_engine(self) -> Engine | None:
-        """The engine now serving, if one is."""
-        sup = self.supervisor
-        return sup.engine if sup.state is EngineState.SERVING and sup.reason is None else None
-
     def _broke(self, engine: Engine | None) -> bool:
         """Whether `engine` (the one serving when a request was sent) broke since: its restart under way or done."""
-        sup = self.supervisor
-        return engine is not None and (sup.engine is not engine or sup.reason is not None)
+        return engine is not None and self.supervisor.left(engine)
 
     async def _serving_again(self, failure: ServiceUnavailable, deadline: float, timeout_s: float,
                              _refused: bool = False) -> None:
@@ -111,7 +105,7 @@ class ResumingHost(EngineHost):
             if time.monotonic() >= deadline:
                 raise RequestTimeout(f"The request ran past its time limit ({timeout_s:g} s) while its engine "
                                      f"restarted after: {failure}")
-            if self._serving_engine() is not None:
+            if self.supervisor.serving_engine() is not None:
                 return
             if self.supervisor.state is not EngineState.RESTARTING:
                 raise failure

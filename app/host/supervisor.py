@@ -132,6 +132,10 @@ class EngineSupervisor:
 
     # -- requests on the engine -------------------------------------------
 
+    def serving_engine(self) -> Engine | None:
+        """The engine now serving, if one is: a request sent to it asks `left` afterwards whether it broke."""
+        return self.engine if self.state is EngineState.SERVING and self.reason is None else None
+
     def left(self, engine: Engine) -> bool:
         """The request's engine broke, or has been replaced since it started: it must not wait on it."""
         return engine is not self.engine or self.reason is not None

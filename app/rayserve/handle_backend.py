@@ -195,8 +195,12 @@ class HandleBackend:
 
     async def embed(self, request: EmbedRequest) -> Embeddings:
         """`EngineHost.embed` on a replica; a refusal another replica may not have (full, over its target, engine
-        dead or starting) is tried on another, as a generation that nothing came back for yet is (`_attempts`)."""
+        dead or starting) is tried on another, as a generation that nothing came back for yet is (`_attempts`). One
+        whose engine broke under it, with no other replica serving (a lone replica restarting its engine in place),
+        waits for a replica to serve again within its time, as a continued generation does: nothing of an embedding
+        has reached the client, so the next try is the whole answer."""
         started = time.monotonic()
+        deadline = started + request.timeout_s
         avoid: tuple[str, ...] = ()
         for attempt in range(1, ATTEMPTS + 1):
             remaining_s = request.timeout_s - (time.monotonic() - started)
@@ -217,6 +221,10 @@ class HandleBackend:
             self.retried[error.code or type(error).__name__] += 1
             log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                      request.trace_id or request.request_id, answer.replica or "?", error, attempt + 1, ATTEMPTS)
+            serving_elsewhere = any(load.serving for r, load in self._loads().items() if r not in avoid)
+            if answer.in_flight and isinstance(error, ServiceUnavailable) and not serving_elsewhere:
+                await self._until_a_replica_serves(error, deadline, request.timeout_s, True)
+                avoid = ()  # the replica serving again may be the one it broke on
         raise AssertionError("unreachable: the last attempt raises")
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:

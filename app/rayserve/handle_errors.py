@@ -19,10 +19,12 @@ _UNAVAILABLE = (ActorDiedError, ActorUnavailableError, RayActorError, Deployment
 class Refused:
     """A `ServiceError` sent back over the handle as a value. Raised across Ray, every refusal would
     cost a traceback logged at ERROR in the replica and the caller; under overload that is most requests.
-    `replica`: the refusing replica's id, so a retry can avoid it."""
+    `replica`: the refusing replica's id, so a retry can avoid it. `in_flight`: the request was in the replica's
+    engine when that engine broke (not refused on arrival), so it may wait for a replica to serve again."""
 
     error: ServiceError
     replica: str = ""
+    in_flight: bool = False
 
 
 def worth_another_replica(err: BaseException, refused_by: Collection[str] = (),

@@ -170,11 +170,12 @@ class EngineReplica:
 
     async def embed_remote(self, request: EmbedRequest, avoid: tuple[str, ...] = ()) -> Embeddings | Refused:
         """`embed` for callers across the Ray handle: a refusal comes back as a `Refused` value naming this replica
-        (`avoid`: for the router, as `generate_remote`'s)."""
+        (`avoid`: for the router, as `generate_remote`'s), saying whether the engine broke with the request in it."""
+        engine = self.host.supervisor.serving_engine()
         try:
             return await self.host.embed(request)
         except ServiceError as err:
-            return Refused(err, self._replica_id)
+            return Refused(err, self._replica_id, in_flight=engine is not None and self.host.supervisor.left(engine))
 
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         return await self.host.tokenize(prompt)

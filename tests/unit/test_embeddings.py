@@ -15,15 +15,17 @@ import pytest
 
 from app.config.app_config import parse_config
 from app.config.common import ConfigError
+from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import EMBEDDING_SIZE
 from app.engine.interface import Embeddings, EmbedRequest, PromptInput
-from app.errors import InvalidRequest, QueueFull
+from app.errors import InvalidRequest, QueueFull, ServiceUnavailable
 from app.host.replica_load import ReplicaLoad
 from app.openai.embeddings import base64_of
 from app.rayserve.handle_backend import HandleBackend, Refused
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, config_dict, listening, make_config
+from tests.support.waiting import until
 
 EMBED = "/v1/embeddings"
 
@@ -351,6 +353,68 @@ async def test_handle_backend_does_not_ask_its_only_replica_again_when_full():
     with pytest.raises(QueueFull):
         await backend.embed(_request("a"))
     assert len(handle.calls) == 1
+
+
+async def test_an_embedding_whose_lone_replica_s_engine_broke_under_it_waits_for_it_to_serve_again(monkeypatch):
+    """Behind the ingress tier with one replica (an autoscaled model at its minimum), the engine broke with the
+    request in it and restarts in place: the ingress waits for the replica to serve again, then sends it again whole,
+    as it continues a generation there, instead of answering the 503."""
+    from app.rayserve import handle_backend
+
+    monkeypatch.setattr(handle_backend, "REFUSED_PAUSE_S", 0.0)
+    monkeypatch.setattr(handle_backend, "WAIT_POLL_S", 0.001)
+    broke = ServiceUnavailable("the engine for 'm' stopped serving while this request was in it (died); retry",
+                               retry_after_s=5)
+    answer = Embeddings(vectors=((1.0, 0.0),), prompt_tokens=3)
+    handle = _Answers(Refused(broke, replica="r1", in_flight=True), answer)
+    backend = HandleBackend(handle)  # type: ignore[arg-type]
+    polls = []
+
+    def loads() -> dict[str, ReplicaLoad]:
+        polls.append(len(handle.calls))
+        return {"r1": ReplicaLoad(serving=len(polls) > 20)}  # restarting for the first 20 looks
+
+    backend._loads = loads  # type: ignore[method-assign]
+    assert await backend.embed(_request("a")) == answer
+    assert len(polls) > 20 and set(polls[:20]) == {1}  # waited with one call made, and sent again only then
+    assert handle.calls[1][1] == ()  # to the replica serving again, the one it broke on included
+
+
+async def test_an_embedding_refused_on_arrival_by_a_restarting_lone_replica_is_not_held(monkeypatch):
+    """Refused on arrival (the engine was already restarting): nothing was invested, so the 503 and its Retry-After
+    come at once, as for a generation, and no wait for the replica is made."""
+    restarting = ServiceUnavailable("the engine for 'm' is restarting (died); retry shortly", retry_after_s=5)
+    handle = _Answers(*(Refused(restarting, replica="r1") for _ in range(3)))
+    backend = HandleBackend(handle)  # type: ignore[arg-type]
+    backend._loads = lambda: {"r1": ReplicaLoad(serving=False)}  # type: ignore[method-assign]
+    waits = []
+
+    async def wait(*args):
+        waits.append(args)
+
+    monkeypatch.setattr(backend, "_until_a_replica_serves", wait)
+    with pytest.raises(ServiceUnavailable) as err:
+        await backend.embed(_request("a"))
+    assert err.value.retry_after_s == 5 and not waits
+
+
+async def test_the_replica_says_whether_its_engine_broke_with_the_embedding_in_it():
+    """`EngineReplica.embed_remote` marks a refusal `in_flight` only when the engine it sent the request to broke."""
+    from app.rayserve.replicas import EngineReplica
+
+    model = embed_config(engine={"max_model_len": MAX_MODEL_LEN, "fake_token_delay_s": 0.5}).models[0]
+    replica = EngineReplica(model, ServiceConfig())
+    try:
+        task = asyncio.create_task(replica.embed_remote(_request("one", "two")))
+        await until(lambda: replica.host.engine.stats().running == 2, what="both inputs in the engine")
+        replica.host.engine.kill()
+        refused = await asyncio.wait_for(task, 30)
+        assert isinstance(refused, Refused) and isinstance(refused.error, ServiceUnavailable) and refused.in_flight
+        await until(lambda: replica.host.supervisor.serving_engine() is None, what="the engine out of service")
+        refused = await replica.embed_remote(_request("three"))
+        assert isinstance(refused, Refused) and not refused.in_flight  # refused on arrival
+    finally:
+        replica.host.shutdown()
 
 
 async def test_the_host_refuses_the_other_runners_requests_too(make_stack):

@@ -6,6 +6,10 @@ wedge the replica finds), and prints when both ended, whether each is whole and 
 the service's `app_requests_migrated_total`.
 
     .venv/bin/python scripts/engine_kill_probe.py [--base-url http://127.0.0.1:8000] [--api-key KEY] [--stop]
+        [--replica]
+
+`--replica` SIGKILLs the engine replica's whole process instead (behind the ingress tier Serve starts another and the
+requests continue there; a replica that serves HTTP itself takes its clients' connections with it).
 
 It kills only the EngineCore of the `python -m app serve` whose processes listen on the URL's port.
 """
@@ -48,6 +52,8 @@ def main() -> None:
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the EngineCore (a wedge) instead of SIGKILL")
+    ap.add_argument("--replica", action="store_true",
+                    help="SIGKILL the engine replica's whole process (the EngineCore's parent) instead")
     args = ap.parse_args()
     url, headers = args.base_url, {"Authorization": f"Bearer {args.api_key}"}
     model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
@@ -55,29 +61,39 @@ def main() -> None:
     reference = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300).json()
     undisturbed = reference["choices"][0]["message"]["content"]
     core = engine_core(urlparse(url).port or 80)
-    plain: dict[str, httpx.Response] = {}
+    target = core.parent() if args.replica else core
+    plain: dict[str, httpx.Response | Exception] = {}
     stream = LongStream(url, args.api_key, model, **STORY, extra_body={"ignore_eos": True})
     stream.start()
     while stream.chunks < 3 and stream.is_alive():
         time.sleep(0.05)
-    waiter = threading.Thread(target=lambda: plain.setdefault(
-        "r", httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300)))
+    def send_plain() -> None:
+        try:
+            plain["r"] = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300)
+        except httpx.HTTPError as err:  # the replica that held the connection died (it serves HTTP itself)
+            plain["r"] = err
+
+    waiter = threading.Thread(target=send_plain)
     waiter.start()
     time.sleep(1.0)  # the plain request reaches the engine
     killed = time.monotonic()
     if args.stop:
         core.suspend()  # the replica's progress watch declares it wedged and SIGKILLs it with its restart
     else:
-        core.kill()
+        target.kill()
     stream.join(300)
     waiter.join(300)
     done = "SIGSTOPped" if args.stop else "SIGKILLed"
-    print(f"EngineCore {core.pid} {done}; both ended {time.monotonic() - killed:.1f} s after")
+    print(f"{'engine replica' if args.replica else 'EngineCore'} {target.pid} {done}; both ended "
+          f"{time.monotonic() - killed:.1f} s after")
     print(f"stream: whole: {stream.whole() is None} ({stream.whole()}); equal to the undisturbed answer: "
           f"{stream.text == undisturbed}")
     r = plain["r"]
-    same = r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == undisturbed
-    print(f"plain request: {r.status_code}; equal to the undisturbed answer: {same}")
+    if isinstance(r, Exception):
+        print(f"plain request: {type(r).__name__}: {r}")
+    else:
+        same = r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == undisturbed
+        print(f"plain request: {r.status_code}; equal to the undisturbed answer: {same}")
     metrics = httpx.get(f"{url}/metrics", headers=headers).text
     print("\n".join(ln for ln in metrics.splitlines() if ln.startswith("app_requests_migrated_total{")))
 

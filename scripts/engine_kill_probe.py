@@ -94,7 +94,11 @@ def main() -> None:
     else:
         same = r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == undisturbed
         print(f"plain request: {r.status_code}; equal to the undisturbed answer: {same}")
-    metrics = httpx.get(f"{url}/metrics", headers=headers).text
+    try:
+        metrics = httpx.get(f"{url}/metrics", headers=headers).text
+    except httpx.HTTPError as err:  # a replica that served HTTP itself was killed: its successor may not listen yet
+        print(f"/metrics: {type(err).__name__}: {err}")
+        return
     print("\n".join(ln for ln in metrics.splitlines() if ln.startswith("app_requests_migrated_total{")))
 
 

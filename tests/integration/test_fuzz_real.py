@@ -1,8 +1,9 @@
 """Fuzzing the real stack (Ray Serve + vLLM on the CPU) over HTTP, bounded to about a minute.
 
-1. schemathesis, from the service's own /openapi.json: the generation and token endpoints and
-   the model list, schema-valid and schema-violating requests, generation kept short (max_tokens
-   capped at 8, no streams). No 5xx, the documented content type, OpenAI-shaped 4xx.
+1. schemathesis, from the service's own /openapi.json: the generation endpoints (chat, completions, Responses),
+   the token endpoints and the model list, schema-valid and schema-violating requests, generation kept short
+   (max_tokens and max_output_tokens capped at 8, no streams). No 5xx, the documented content type, OpenAI-shaped
+   4xx.
 2. The hand-written hostile list (tests/support/hostile.py), once each.
 
 After each of them the engines are idle (nothing running, nothing admitted), /health is 200 and a
@@ -31,9 +32,10 @@ from tests.support.service import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.stack("shared")]
 
-OPERATIONS = [  # (method, path, positive examples, negative examples): 58 cases at most
+OPERATIONS = [  # (method, path, positive examples, negative examples): 70 cases at most
     ("POST", "/v1/chat/completions", 13, 5),
     ("POST", "/v1/completions", 13, 5),
+    ("POST", "/v1/responses", 8, 4),
     ("POST", "/tokenize", 6, 4),
     ("POST", "/detokenize", 6, 4),
     ("GET", "/v1/models", 2, 0),
@@ -73,6 +75,12 @@ def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:
             case.body.setdefault("max_tokens", MAX_FUZZ_TOKENS)
         case.body.pop("stream", None)
         case.body.pop("stream_options", None)
+        case.body.pop("ignore_eos", None)
+    if case.path == "/v1/responses":  # its own name for the output's bound; streams as above
+        value = case.body.get("max_output_tokens")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value > MAX_FUZZ_TOKENS:
+            case.body["max_output_tokens"] = MAX_FUZZ_TOKENS
+        case.body.pop("stream", None)
         case.body.pop("ignore_eos", None)
 
 
@@ -123,7 +131,7 @@ def test_schema_fuzz_real_stack(service, request):
     total = sum(sum(c.values()) for c in tally.values())
     say(request, f"real-stack schema fuzz: {total} cases in {time.monotonic() - started:.1f} s",
         *(f"  {label:40s} {dict(sorted(statuses.items()))}" for label, statuses in tally.items()))
-    assert 0 < total <= 60
+    assert 0 < total <= 72
     assert any(200 in c for c in tally.values()) and any(400 in c for c in tally.values()), tally
     assert_idle_and_answering(service)
 

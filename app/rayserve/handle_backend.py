@@ -219,11 +219,13 @@ class HandleBackend:
             if last or not worth_another_replica(error, avoid, self._loads()):
                 raise error
             self.retried[error.code or type(error).__name__] += 1
-            log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
-                     request.trace_id or request.request_id, answer.replica or "?", error, attempt + 1, ATTEMPTS)
             serving_elsewhere = any(load.serving for r, load in self._loads().items() if r not in avoid)
-            if answer.in_flight and isinstance(error, ServiceUnavailable) and not serving_elsewhere:
-                await self._until_a_replica_serves(error, deadline, request.timeout_s, True)
+            wait = answer.in_flight and isinstance(error, ServiceUnavailable) and not serving_elsewhere
+            log.info("request %s refused by replica %s (%s); %s (attempt %d of %d)", request.trace_id or
+                     request.request_id, answer.replica or "?", error, "sending it again once a replica serves" if wait
+                     else "trying another replica", attempt + 1, ATTEMPTS)
+            if wait:
+                await self._until_a_replica_serves(cast(ServiceUnavailable, error), deadline, request.timeout_s, True)
                 avoid = ()  # the replica serving again may be the one it broke on
         raise AssertionError("unreachable: the last attempt raises")
 

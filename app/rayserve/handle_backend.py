@@ -199,12 +199,10 @@ class HandleBackend:
         whose engine broke under it, with no other replica serving (a lone replica restarting its engine in place),
         waits for a replica to serve again within its time, as a continued generation does: nothing of an embedding
         has reached the client, so the next try is the whole answer."""
-        started = time.monotonic()
-        deadline = started + request.timeout_s
+        deadline = time.monotonic() + request.timeout_s
         avoid: tuple[str, ...] = ()
         for attempt in range(1, ATTEMPTS + 1):
-            remaining_s = request.timeout_s - (time.monotonic() - started)
-            attempt_request = request if attempt == 1 else replace(request, timeout_s=remaining_s)
+            attempt_request = request if attempt == 1 else replace(request, timeout_s=deadline - time.monotonic())
             try:
                 answer = await remote(self._handle.embed_remote, attempt_request, avoid)
             except Exception as err:
@@ -214,7 +212,7 @@ class HandleBackend:
             if isinstance(answer, Embeddings):
                 return answer
             error = cast(Refused, answer).error
-            last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
+            last = attempt == ATTEMPTS or time.monotonic() >= deadline
             avoid += (answer.replica,) if answer.replica else ()
             if last or not worth_another_replica(error, avoid, self._loads()):
                 raise error

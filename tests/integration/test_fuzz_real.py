@@ -41,6 +41,12 @@ OPERATIONS = [  # (method, path, positive examples, negative examples): 70 cases
     ("GET", "/v1/models", 2, 0),
 ]
 MAX_FUZZ_TOKENS = 8
+# Each generation route's names for the output's bound: each capped, the last set when none is sent.
+OUTPUT_BOUNDS = {
+    "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
+    "/v1/completions": ("max_completion_tokens", "max_tokens"),
+    "/v1/responses": ("max_output_tokens",),
+}
 REQUEST_TIMEOUT_S = 120
 
 
@@ -57,7 +63,7 @@ CHECKS = [not_a_server_error, content_type_conformance, openai_error_shape]
 def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:
     """With few cases to spend, aim the schema-valid ones at the engine: the served model and only the
     declared fields (random names and unknown fields are refused long before it; the in-process fuzz
-    covers those). And keep generation cheap on the CPU: max_tokens capped (and set when absent), no
+    covers those). And keep generation cheap on the CPU: the output's bound capped (and set when absent), no
     streams, no ignore_eos."""
     if not isinstance(case.body, dict):
         return
@@ -65,22 +71,17 @@ def _keep_it_short(case, aimed: bool, declared: dict[str, set[str]]) -> None:
         case.body["model"] = MODEL
         for name in [k for k in case.body if k not in declared.get(case.path, case.body.keys())]:
             del case.body[name]
-    if case.path in ("/v1/chat/completions", "/v1/completions"):
-        for name in ("max_tokens", "max_completion_tokens"):
+    bounds = OUTPUT_BOUNDS.get(case.path)
+    if bounds is not None:
+        for name in bounds:
             value = case.body.get(name)
             # 1e11 is an int too
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_FUZZ_TOKENS:
                 case.body[name] = MAX_FUZZ_TOKENS
-        if "max_completion_tokens" not in case.body:
-            case.body.setdefault("max_tokens", MAX_FUZZ_TOKENS)
+        if not any(name in case.body for name in bounds):
+            case.body[bounds[-1]] = MAX_FUZZ_TOKENS
         case.body.pop("stream", None)
         case.body.pop("stream_options", None)
-        case.body.pop("ignore_eos", None)
-    if case.path == "/v1/responses":  # its own name for the output's bound; streams as above
-        value = case.body.get("max_output_tokens")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value > MAX_FUZZ_TOKENS:
-            case.body["max_output_tokens"] = MAX_FUZZ_TOKENS
-        case.body.pop("stream", None)
         case.body.pop("ignore_eos", None)
 
 

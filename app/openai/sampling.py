@@ -23,6 +23,7 @@ from app.openai.sampling_bounds import (
     MAX_TOP_K,
     bad_words,
     logit_bias,
+    text_only,
     token_ids,
 )
 from app.openai.structured_outputs import StructuredOutputs
@@ -35,19 +36,9 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 # Known OpenAI parameters this service does not implement: a 400 that says so. (Chat takes tools; completions
 # know them only as unsupported.)
 UNSUPPORTED_PARAMETERS = (
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-    "parallel_tool_calls",
-    "audio",
-    "modalities",
-    "prediction",
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio", "modalities", "prediction",
     "reasoning_effort",  # chat's is a field (app/openai/chat.py): this is completions'
-    "verbosity",
-    "web_search_options",
-    "best_of",
-    "suffix",
+    "verbosity", "web_search_options", "best_of", "suffix",
 )
 
 
@@ -158,6 +149,7 @@ class SamplingRequest(BoundedBody):
                     f"a 'stop' sequence is {len(s)} characters; at most {limits.max_stop_sequence_chars} are allowed",
                     param="stop",
                 )
+        text_only("stop", stops)
         return tuple(stops)
 
     def _extensions(self, max_tokens: int) -> dict[str, Any]:

@@ -6,6 +6,8 @@ step, so each is bounded like `stop` (docs/api.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from app.errors import InvalidRequest
 
 MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
@@ -70,8 +72,21 @@ def bad_words(words: list[str]) -> tuple[str, ...]:
                 f"a 'bad_words' entry is {len(word)} characters; at most {MAX_BAD_WORD_CHARS} are allowed",
                 param="bad_words",
             )
-        try:
-            word.encode("utf-8")  # the tokenizer fails on a lone surrogate (JSON can carry one: "\ud800")
-        except UnicodeEncodeError:
-            raise InvalidRequest("bad_words entries must be valid Unicode text", param="bad_words") from None
+    text_only("bad_words", words)  # the tokenizer fails on a lone surrogate (JSON can carry one: "\ud800")
     return tuple(dict.fromkeys(words))
+
+
+def text_only(param: str, strings: Iterable[str], named: str = "") -> None:
+    """Refuses a string holding a lone UTF-16 surrogate: legal JSON ("\\ud800"), but no UTF-8 encoder (the
+    tokenizer, the engine's msgpack, a grammar compiler) takes it, and where one fails unwatched it is a 500."""
+    for text in strings:
+        if not text.isascii():  # O(1) in CPython: most strings stop here
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidRequest(
+                    f"'{named or param}' entries must be valid Unicode text: one holds a lone UTF-16 surrogate (an "
+                    "escape such as \\ud800 without its pair); send the character's whole surrogate pair or the "
+                    "character itself",
+                    param=param,
+                ) from None

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.errors import InvalidRequest
+from app.openai.sampling_bounds import text_only
 
 MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
 # Bounds vLLM does not set: the engine compiles each into an automaton per request.
@@ -70,6 +71,8 @@ class StructuredOutputs(BaseModel):
     def _bounded_choices(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and any(len(c) > MAX_CHOICE_CHARS for c in value):
             raise ValueError(f"a choice is over {MAX_CHOICE_CHARS} characters")
+        # A lone surrogate in a choice broke the grammar gate's cache key: a 500.
+        text_only("structured_outputs", value or (), named="structured_outputs.choice")
         return value
 
     @model_validator(mode="after")

@@ -111,6 +111,8 @@ def test_min_tokens_raises_the_default_max_tokens_but_not_an_explicit_one():
     ("bad_words", ["w"] * (MAX_BAD_WORDS + 1), f"at most {MAX_BAD_WORDS}"),
     ("bad_words", ["w" * (MAX_BAD_WORD_CHARS + 1)], f"at most {MAX_BAD_WORD_CHARS}"),
     ("bad_words", ["ok", "\ud800"], "valid Unicode"),  # vLLM's tokenizer raises a TypeError on it
+    ("stop", ["ok", "\udfff"], "lone UTF-16 surrogate"),  # the engine's msgpack refused it, naming no parameter
+    ("stop", "a\ud800", "lone UTF-16 surrogate"),
 ])
 def test_refusals_name_the_parameter(field, value, message):
     for make in (chat, completion):

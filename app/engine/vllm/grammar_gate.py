@@ -177,7 +177,7 @@ class GrammarGate:
             what = None
         if what is None:
             return None
-        key = hashlib.sha256(f"{what[0]}\0{what[1]}".encode()).hexdigest()
+        key = hashlib.sha256(f"{what[0]}\0{what[1]}".encode("utf-8", "surrogatepass")).hexdigest()
         if key in self._verdicts:
             self._verdicts.move_to_end(key)
             return self._verdicts[key]

@@ -61,7 +61,7 @@ class MessageToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    # Extra fields are accepted and left out of the prompt, as vLLM accepts and drops them.
+    # Extra fields are accepted and left out of the prompt (an assistant's `reasoning` aside), as vLLM does.
     model_config = ConfigDict(extra="allow")
     # Any role, as vLLM takes it (its custom message): the chat template decides what a role it does not know means.
     role: str = Field(..., min_length=1, max_length=MAX_ROLE_CHARS)
@@ -93,6 +93,9 @@ class ChatMessage(BaseModel):
             out["name"] = self.name
         if self.role == "assistant" and self.tool_calls:
             out["tool_calls"] = [c.for_template() for c in self.tool_calls]
+        reasoning = (self.model_extra or {}).get("reasoning")
+        if self.role == "assistant" and reasoning is not None:  # interleaved thinking, under both of vLLM's names
+            out["reasoning"] = out["reasoning_content"] = reasoning
         if self.role == "tool" and self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         return out

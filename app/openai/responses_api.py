@@ -1,11 +1,11 @@
 """The Responses API's request (`POST /v1/responses`), and its conversion into the chat request it amounts to.
 
 A Responses request is served as the chat completion it describes: `instructions` become the system message,
-`input` (text, or a list of messages, function calls and function call outputs) the conversation, function tools
-chat's tools, `max_output_tokens` chat's `max_tokens`, `text.format` chat's `response_format`, `reasoning.effort`
-chat's `reasoning_effort`, and vLLM's sampling extensions pass as they are. So admission,
-limits, the length contract, tool forcing and abort-on-disconnect are chat's, unchanged. Stateless: nothing is
-stored (`store` is accepted and has no effect) and `previous_response_id` is refused.
+`input` (text, or a list of messages, function calls, their outputs and reasoning: `responses_input`) the
+conversation, function tools chat's tools, `max_output_tokens` chat's `max_tokens`, `text.format` chat's
+`response_format`, `reasoning.effort` chat's `reasoning_effort`, and vLLM's sampling extensions pass as they are.
+So admission, limits, the length contract, tool forcing and abort-on-disconnect are chat's, unchanged. Stateless:
+nothing is stored (`store` is accepted and has no effect) and `previous_response_id` is refused.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
+from app.openai.responses_input import InputItem, Strict, chat_messages, refuse_what_is_not_served
 from app.openai.sampling import IGNORED_PARAMETERS  # chat's: accepted and without effect (docs/api.md)
 
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
@@ -35,55 +36,7 @@ _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
 _NO_OBFUSCATION = {"include_obfuscation": False}  # what this service does anyway: no padding fields in events
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class InputText(_Strict):
-    type: Literal["input_text", "output_text"]
-    text: str
-    annotations: list[Any] | None = None  # output_text sent back as it came
-    logprobs: list[Any] | None = None
-
-
-class InputMessage(_Strict):
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputText]
-    id: str | None = None
-    status: str | None = None
-    phase: str | None = None
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class FunctionCallItem(_Strict):
-    """A call the model made in an earlier response, sent back with the next input."""
-
-    type: Literal["function_call"]
-    call_id: str
-    name: str
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutput(_Strict):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[InputText]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-InputItem = InputMessage | FunctionCallItem | FunctionCallOutput
-
-
-class FunctionTool(_Strict):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: str
     description: str | None = None
@@ -91,12 +44,12 @@ class FunctionTool(_Strict):
     strict: bool | None = None
 
 
-class FunctionChoice(_Strict):
+class FunctionChoice(Strict):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -104,7 +57,7 @@ class TextFormat(_Strict):
     description: str | None = None
 
 
-class Reasoning(_Strict):
+class Reasoning(Strict):
     """Chat's `reasoning_effort`, for the chat template. A summary is taken as vLLM takes it: this service returns no
     reasoning items (no reasoning parser), so there is nothing to summarize, as OpenAI answers a model that did not
     reason; LangChain's and the Agents SDK's reasoning settings send `summary: "auto"`."""
@@ -113,7 +66,7 @@ class Reasoning(_Strict):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None  # OpenAI's deprecated name of `summary`
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint for OpenAI's models; no effect here
 
@@ -135,6 +88,13 @@ class ResponsesRequest(BoundedBody):
     stream: bool = False
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None  # a routing hint, passed on to the chat request
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unserved_types(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            refuse_what_is_not_served(data)
+        return data
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> ResponsesRequest:
@@ -159,26 +119,6 @@ class ResponsesRequest(BoundedBody):
             raise InvalidRequest("'input' must not be an empty list", param="input")
         return self
 
-    def _messages(self) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = []
-        if self.instructions:
-            messages.append({"role": "system", "content": self.instructions})
-        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        for item in items:
-            if isinstance(item, InputMessage):
-                messages.append({"role": item.role, "content": item.text()})
-            elif isinstance(item, FunctionCallItem):
-                call = {"id": item.call_id, "type": "function",
-                        "function": {"name": item.name, "arguments": item.arguments}}
-                last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
-                    last["tool_calls"].append(call)  # parallel calls of one turn: one assistant message
-                else:
-                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            else:
-                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
-        return messages
-
     def _response_format(self) -> dict[str, Any] | None:
         fmt = self.text.format if self.text else None
         if fmt is None or fmt.type == "text":
@@ -197,7 +137,7 @@ class ResponsesRequest(BoundedBody):
             choice = None  # `tools: []` (as agent SDKs send, with tool_choice "auto"): a request without tools
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": self._messages(),
+            "messages": chat_messages(self.instructions, self.input),
             "max_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,

@@ -15,6 +15,7 @@ import pytest
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
 from app.errors import InvalidRequest
+from app.openai.chat import ChatCompletionRequest
 from app.openai.responses_api import ResponsesRequest
 from tests.support.error_shape import assert_error_shape
 from tests.support.fake_stack import DEFAULT_MAX_TOKENS, MAX_TOKENS, MODEL_ID, Stack, listening, make_config
@@ -55,6 +56,55 @@ def test_input_instructions_and_items_become_the_chat_conversation():
     assert tool == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
     assert assistant == {"role": "assistant", "content": "It is sunny."}
     assert [t.function.name for t in chat.tools or ()] == ["get_weather"]
+
+
+def test_reasoning_items_join_their_turn_s_assistant_message_as_vllm_joins_them():
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Look it up."}]}
+    chat = ResponsesRequest(model=MODEL_ID, input=[
+        {"role": "user", "content": "Weather?"},
+        thought,
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {**thought, "summary": [], "content": [{"type": "reasoning_text", "text": "Say it."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+    ], tools=TOOLS, tool_choice="none").to_chat()
+    user, calls, tool, answer = (m.for_template() for m in chat.messages)
+    assert calls["reasoning"] == calls["reasoning_content"] == "Look it up." and calls["content"] == ""
+    assert [c["function"]["name"] for c in calls["tool_calls"]] == ["get_weather"]
+    assert tool["role"] == "tool" and user["role"] == "user"
+    assert answer == {"role": "assistant", "content": "Sunny.", "reasoning": "Say it.", "reasoning_content": "Say it."}
+
+
+def test_an_assistant_s_reasoning_reaches_the_template_as_vllm_passes_it():
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Hi", "reasoning": "ignored"},
+                                            {"role": "assistant", "content": "Hello", "reasoning": "Greet back."}]}
+    user, assistant = (m.for_template() for m in ChatCompletionRequest.model_validate(body).messages)
+    assert "reasoning" not in user
+    assert assistant["reasoning"] == assistant["reasoning_content"] == "Greet back."
+
+
+@pytest.mark.parametrize("kwargs, param, named", [
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input",
+     "input[0].content[0] is a content part of type 'input_image'"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input", "input[0] is an item of type 'item_reference'"),
+    ({"tools": [{"type": "web_search"}]}, "tools", "tools[0] is a tool of type 'web_search'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [NAMED]}}, "tool_choice",
+     "tool_choice of type 'allowed_tools'"),
+    ({"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}]}, "input",
+     "Encrypted content is not supported."),
+])
+async def test_a_type_this_service_does_not_serve_is_named_in_its_400(oai, kwargs, param, named):
+    with pytest.raises(openai.BadRequestError) as err:
+        await oai.responses.create(**{"model": MODEL_ID, "input": "Hello", **kwargs})
+    assert err.value.body["param"] == param and named in err.value.body["message"], err.value.body
+
+
+async def test_a_conversation_with_another_model_s_reasoning_is_answered(oai):
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Greet."}]}
+    response = await oai.responses.create(model=MODEL_ID, max_output_tokens=4, input=[
+        {"role": "user", "content": "Hi"}, thought, {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Again"}])
+    assert response.output_text
 
 
 def test_text_format_becomes_response_format():

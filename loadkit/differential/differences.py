@@ -92,10 +92,11 @@ DIFFERENCES: list[Difference] = [
     Difference("grammar_without_allowed_tokens", True,
                "a structured-output constraint that `allowed_token_ids` leaves no token for: the engine fails the "
                "request (vLLM: \"grammar rejected tokens\"); vLLM's server answers 200 and then an error event (a 500 "
-               "without a stream), the service a retryable 503 before the first byte (docs/api.md, Errors: a stream "
-               "never starts with a 200 only to fail)", lambda r, m: bool(_body(r).get("allowed_token_ids")) and bool(
+               "without a stream), the service a 400 naming the constraint before the first byte (docs/api.md: a "
+               "stream never starts with a 200 only to fail, and the request would fail so anywhere)",
+               lambda r, m: bool(_body(r).get("allowed_token_ids")) and bool(
                    _body(r).get("structured_outputs") or _body(r).get("response_format"))
-               and m.path in ("status", "error.status") and m.service == 503),
+               and m.path in ("status", "error.status") and m.service == 400),
     Difference("vllm_extra_fields", True,
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "

@@ -5,6 +5,7 @@ to the neutral `ChoiceDelta`, and `generate` around a stand-in for `AsyncLLM`.""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from vllm import SamplingParams
@@ -16,7 +17,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from app.engine.cpu.core_plan import CorePlan
 from app.engine.interface import EngineDead, EngineFailed, EngineRejected, GenerationParams
 from app.engine.vllm import engine as vllm_engine
-from app.engine.vllm.from_vllm import choice_delta, finite, token_logprobs
+from app.engine.vllm.from_vllm import choice_delta, finite, step_choices, token_logprobs
 from app.engine.vllm.to_vllm import sampling_params
 from app.errors import InvalidRequest
 
@@ -147,6 +148,20 @@ def test_choice_delta_abort_and_error_are_failures_not_stop(vllm_reason):
                            finish_reason=vllm_reason)
     with pytest.raises(EngineFailed, match=f"choice 0 with finish reason '{vllm_reason}'"):
         choice_delta(out, logprobs=None)
+
+
+@pytest.mark.parametrize("constraint, failure", [
+    ({"choice": ("yes", "no")}, EngineRejected), ({"json_object": True}, EngineRejected), ({}, EngineFailed)])
+def test_an_error_ending_a_constrained_choice_is_the_request_s_fault(constraint, failure):
+    """vLLM ends a constrained choice with "error" when its grammar rejects the sampled token: every token the
+    constraint allows was masked by the request's own settings (allowed_token_ids). It would fail so on any engine:
+    a refusal the host names as the constraint's 400. Unconstrained, "error" stays a retryable failure."""
+    out = SimpleNamespace(outputs=[CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None,
+                                                    logprobs=None, finish_reason="error")])
+    params = GenerationParams(max_tokens=4, allowed_token_ids=(100, 101), **constraint)
+    with pytest.raises(failure) as raised:
+        step_choices(out, params, [])
+    assert ("allowed_token_ids" in str(raised.value)) == (failure is EngineRejected)
 
 
 def test_choice_delta_with_logprobs():

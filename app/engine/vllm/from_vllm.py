@@ -9,15 +9,21 @@ from typing import Any
 from app.engine.interface import (
     ChoiceDelta,
     EngineFailed,
+    EngineRejected,
     GenerationParams,
     PromptTokenLogprob,
     TokenLogprob,
 )
+from app.engine.vllm.refusals import constrained
 from app.engine.vllm.tool_parsing import AutoToolCalls
 
 # vLLM's finish reasons that end a choice normally; "repetition" (a detected repetitive pattern) ends
 # it as OpenAI's "stop" would. "abort" and "error" mean the answer was cut short: EngineFailed.
 NORMAL_FINISH = {None: None, "stop": "stop", "length": "length", "repetition": "stop"}
+# vLLM ends a constrained choice with "error" when the grammar rejects the token sampled: the request's own settings
+# masked every token the grammar allowed. The same request fails the same way on any engine: a 400, not a 503.
+NO_TOKEN_LEFT = ("the engine found no token the constraint allows among those this request's other settings leave "
+                 "(allowed_token_ids, bad_words); allow tokens the constraint can use, or drop one of the two")
 
 
 def prompt_token_logprobs(out: Any, as_ids: bool) -> tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None:
@@ -93,6 +99,8 @@ def step_choices(out: Any, params: GenerationParams, parsers: list[AutoToolCalls
     for c in out.outputs:
         if parsers and parsers[c.index].ended:
             continue
+        if c.finish_reason == "error" and constrained(params):
+            raise EngineRejected(NO_TOKEN_LEFT)
         d = choice_delta(c, params.logprobs, params.tokens_as_ids)
         if parsers:
             d = parsers[c.index].read(d, list(c.token_ids))

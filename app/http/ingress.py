@@ -9,6 +9,7 @@ the host itself in the colocated replica and in tests, `rayserve.handle_backend.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 
 from fastapi import FastAPI, Request
@@ -126,6 +127,14 @@ def _add_error_handlers(api: FastAPI, state: IngressState, known_endpoints: froz
             return error_response(InvalidRequest(
                 f"'{field or 'body'}' is nested more than {MAX_DEPTH} levels deep; send a flatter structure",
                 param=field))
+        if isinstance(err.__cause__, UnicodeDecodeError):  # another charset, or a compressed body
+            coding = request.headers.get("content-encoding")
+            taken = f" (Content-Encoding '{coding}' is not taken)" if coding else ""
+            return error_response(InvalidRequest(f"The request body is not UTF-8 text{taken}; send the JSON as UTF-8, "
+                                                 "uncompressed"))
+        if isinstance(err.__cause__, ValueError) and "digits" in str(err.__cause__):  # Python's int parsing bound
+            return error_response(InvalidRequest(f"A number in the request body has more than "
+                                                 f"{sys.get_int_max_str_digits()} digits; no parameter takes one"))
         fallback = InvalidRequest(str(err.detail)) if 400 <= err.status_code < 500 else ServiceError(str(err.detail))
         fallback.status = err.status_code  # keep the status; never turn a client error into a 500
         return error_response(fallback)

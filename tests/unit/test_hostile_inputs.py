@@ -9,6 +9,7 @@ the same list once to the real stack, so it must not depend on the fake engine.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 import httpx
@@ -63,6 +64,17 @@ async def test_fake_engine_answers_where_a_real_one_might_refuse(client: httpx.A
     unknown = await client.post("/tokenize", content=as_json({"model": "m\udc00", "prompt": "Hi"}), headers=json_type)
     assert unknown.status_code == 404
     assert json.loads(unknown.content)["error"]["message"].startswith("The model 'm\udc00'")
+
+
+@pytest.mark.parametrize("body, headers, says", [
+    (gzip.compress(as_json(small_chat(MODEL_ID))), {"content-encoding": "gzip"}, "Content-Encoding 'gzip'"),
+    (as_json(small_chat(MODEL_ID, "caf\u00e9")).replace(b"\\u00e9", b"\xe9"), {}, "not UTF-8 text"),
+    (b'{"model": "m", "seed": ' + b"9" * 5000 + b"}", {}, "more than 4300 digits"),
+], ids=["gzip", "latin-1", "5000-digit-number"])
+async def test_a_body_the_parser_cannot_read_is_a_400_that_says_why(client: httpx.AsyncClient, body, headers, says):
+    # FastAPI's own words were "There was an error parsing the body", whatever the cause.
+    r = await client.post(CHAT, content=body, headers={"content-type": "application/json", **headers})
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
 
 
 class StrictTextEngine(FakeEngine):

@@ -76,6 +76,9 @@ def test_errors_compare_status_and_the_param_vllm_names_not_the_message():
     assert judge(CHAT, unnamed, other).outcome == "equal"  # vLLM names none: the service may name one
     located = Answer(400, body={"error": {"message": "x", "type": "BadRequestError", "param": "body.n", "code": 400}})
     assert judge(CHAT, located, same).outcome == "equal"  # pydantic's location of the field is the field
+    element = Answer(400, body={"error": {"message": "x", "type": "BadRequestError", "param": "body.n.0", "code": 400}})
+    assert judge(CHAT, element, same).outcome == "equal"  # and of an element in it
+    assert judge(CHAT, Answer(400, body={"error": {"param": "body.nx"}}), same).outcome != "equal"
     assert [m.path for m in judge(CHAT, vllm, Answer(200, body={})).mismatches] == ["status"]
 
 

@@ -22,7 +22,7 @@ from app.openai.chat_messages import (
 from app.openai.sampling import (
     SamplingRequest,
 )
-from app.openai.structured_outputs import not_too_deep
+from app.openai.structured_outputs import checked_schema
 from app.openai.tool_calls import forced_schema
 
 # vLLM's values of OpenAI's `reasoning_effort`.
@@ -45,8 +45,8 @@ class JsonSchemaSpec(BaseModel):
 
     @field_validator("schema_")
     @classmethod
-    def _not_too_deep(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        return not_too_deep(schema)
+    def _checked_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        return checked_schema(schema)
 
 
 class ResponseFormat(BaseModel):

@@ -10,7 +10,7 @@ import jsonschema  # a dependency of ray; checks tool schemas before the engine 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.errors import InvalidRequest
-from app.openai.structured_outputs import not_too_deep
+from app.openai.structured_outputs import checked_schema
 
 # Bounds on tools (vLLM has none): every tool's schema goes into the chat template, and with a forced choice into a
 # grammar the engine compiles per request.
@@ -139,7 +139,7 @@ def check_tool_schemas(tools: list[ChatTool]) -> None:
             continue
         name = tool.function.name
         try:
-            not_too_deep(parameters)
+            checked_schema(parameters)
             size += len(json.dumps(parameters, separators=(",", ":"), allow_nan=False))
             jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except (ValueError, TypeError) as err:

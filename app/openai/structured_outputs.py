@@ -22,7 +22,8 @@ MAX_SCHEMA_CHARS = 65_536
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-def not_too_deep(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+def checked_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The schema, refused (ValueError) when nested deeper than vLLM allows or holding a string that is not text."""
     # vLLM refuses deeper schemas anyway; refused here, a deep one never reaches the Ray handle,
     # whose pickling of it fails ("excessively deep recursion", a 500). Level by level, no recursion.
     level: list[Any] = [schema] if schema else []
@@ -34,10 +35,18 @@ def not_too_deep(schema: dict[str, Any] | None) -> dict[str, Any] | None:
             if isinstance(child, (dict, list))
         ]
         if not level:
-            return schema
-    raise ValueError(
-        f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
-    )
+            break
+    else:
+        raise ValueError(
+            f"the schema is nested too deeply: objects and arrays may nest at most {MAX_JSON_SCHEMA_NESTING} levels"
+        )
+    try:  # xgrammar's JSON parser refuses a lone surrogate (legal JSON: "\\ud800") in its own words
+        json.dumps(schema, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the schema holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
+                         "which is not Unicode text; send the character's whole surrogate pair or the character "
+                         "itself") from None
+    return schema
 
 
 class StructuredOutputs(BaseModel):
@@ -64,7 +73,7 @@ class StructuredOutputs(BaseModel):
                 raise ValueError("the schema must be a JSON object")
         if value is not None and len(json.dumps(value)) > MAX_SCHEMA_CHARS:
             raise ValueError(f"the schema is over {MAX_SCHEMA_CHARS} characters as JSON")
-        return not_too_deep(value)
+        return checked_schema(value)
 
     @field_validator("choice")
     @classmethod

@@ -308,7 +308,13 @@ def hostile_cases(model: str, max_messages: int = 512, max_body_bytes: int = 1_0
                 param="structured_outputs"),  # was a 500: the grammar gate's cache key could not encode it
         Hostile("surrogate-in-json-schema", CHAT, raw_chat(
             b'"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","enum":["\\ud800"]}}}'),
-                statuses=either),
+                param="response_format"),  # was xgrammar's own words: "Failed to parse JSON: syntax error"
+        Hostile("surrogate-in-schema-key", CHAT, raw_chat(
+            b'"structured_outputs":{"json":{"type":"object","properties":{"\\udfff":{"type":"string"}}}}'),
+                param="structured_outputs"),
+        Hostile("surrogate-in-tool-schema", CHAT, raw_chat(b'"tool_choice":"required","tools":[{"type":"function",'
+                                                           b'"function":{"name":"f","parameters":{"type":"object",'
+                                                           b'"description":"\\ud800"}}}]'), param="tools"),
         Hostile("surrogate-in-model", CHAT, as_json(small_chat("m\ud800")), statuses=(400, 404), param="model"),
         Hostile("surrogate-in-tokenize-model", "/tokenize", as_json({"model": "m\udc00", "prompt": "Hi"}),
                 statuses=(400, 404), param="model"),

@@ -9,14 +9,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import ValidationError
 
 from app.config.model import ModelConfig
-from app.engine.interface import PromptInput
 from app.errors import InvalidRequest
 from app.http.ingress_state import state_of
 from app.http.wire_json import JSONBody
-from app.openai.chat import ChatCompletionRequest
 from app.openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
@@ -52,17 +49,7 @@ async def get_model(request: Request, model_id: str) -> dict[str, Any]:
 @router.post("/tokenize")
 async def tokenize(request: Request, body: TokenizeRequest) -> Response:
     model, backend = state_of(request).backend_for(body.model)
-    if (body.prompt is None) == (body.messages is None):
-        raise InvalidRequest("Send exactly one of 'prompt' or 'messages'", param="prompt")
-    if body.messages is not None:
-        try:
-            chat = ChatCompletionRequest(model=body.model, messages=body.messages)
-        except ValidationError as err:  # a bad message is the client's 400, not a 500
-            raise InvalidRequest(f"Invalid 'messages': {err.errors()[0]['msg']}", param="messages") from None
-        prompt = chat.to_prompt(model.limits)
-    else:
-        prompt = PromptInput(text=body.prompt)
-    tokens = await backend.tokenize(prompt)
+    tokens = await backend.tokenize(body.to_prompt(model.limits))
     # Our encoder, straight to bytes: FastAPI's jsonable_encoder walks every id on the event loop.
     return JSONBody({"count": len(tokens), "max_model_len": model.engine.max_model_len, "tokens": tokens})
 

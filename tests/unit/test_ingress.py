@@ -470,6 +470,38 @@ async def test_tokenize_messages_matches_chat_usage(client):
     assert count == usage["prompt_tokens"]
 
 
+async def test_tokenize_takes_the_chat_template_options_vllm_s_takes(client):
+    """With `tools`, `add_generation_prompt`, `continue_final_message` and `chat_template_kwargs` (vLLM's /tokenize
+    takes them), the count is what the same chat request's prompt costs."""
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+    async def count(**options):
+        r = await client.post("/tokenize", json={"model": MODEL_ID, "messages": messages, **options})
+        assert r.status_code == 200, r.text
+        return r.json()["count"]
+
+    chat = await client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": messages, "tools": tools,
+                                                           "tool_choice": "none", "max_tokens": 1})
+    assert await count(tools=tools) == chat.json()["usage"]["prompt_tokens"] > await count()
+    assert await count(add_generation_prompt=False) < await count()
+    assert await count(add_special_tokens=False, return_token_strs=False) == await count()  # vLLM's defaults
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL_ID, "prompt": "a", "return_token_strs": True}, "return_token_strs"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "b"}], "add_special_tokens": True},
+     "add_special_tokens"),
+    ({"model": MODEL_ID, "prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
+    ({"model": MODEL_ID, "prompt": "a", "tools": []}, "tools"),
+    ({"model": MODEL_ID, "prompt": "a", "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"model": MODEL_ID, "messages": [{"role": "user", "content": "b"}], "chat_template_kwargs": {"tools": 1}},
+     "chat_template_kwargs"),
+])
+async def test_tokenize_refuses_an_option_it_does_not_apply_naming_it(client, body, param):
+    assert error_of(await client.post("/tokenize", json=body), 400)["param"] == param
+
+
 @pytest.mark.parametrize("body, param", [
     ({"model": MODEL_ID}, "prompt"),
     ({"model": MODEL_ID, "prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),

@@ -163,6 +163,14 @@ CURATED: list[Case] = [
                                               tool_choice="required", max_output_tokens=30), expect=FORCED),
     # other routes
     Case("version", Request("GET", "/version")),
+    Case("tokenize_prompt", Request("POST", "/tokenize", {"model": MODEL, "prompt": "The capital of France is"}),
+         expect=EXTRAS),
+    Case("tokenize_messages_tools", Request("POST", "/tokenize", {"model": MODEL, "messages": QUESTION,
+                                                                  "tools": [WEATHER]}), expect=EXTRAS),
+    Case("tokenize_messages_open", Request("POST", "/tokenize", {
+        "model": MODEL, "messages": [*QUESTION, {"role": "assistant", "content": "The capital is"}],
+        "add_generation_prompt": False, "continue_final_message": True}), expect=EXTRAS),
+    Case("detokenize", Request("POST", "/detokenize", {"model": MODEL, "tokens": PROMPT_IDS})),
     Case("model_card", Request("GET", f"/v1/models/{MODEL}"), expect="model_card_route"),
     Case("models", Request("GET", "/v1/models"), expect="model_root_is_source"),
     # refusals: the same status, the same parameter named

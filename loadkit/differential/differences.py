@@ -20,7 +20,7 @@ from loadkit.differential.exchange import Request
 VLLM_EXTRAS = frozenset({"stop_reason", "token_ids", "prompt_token_ids", "prompt_logprobs", "prompt_text",
                          "routed_experts", "service_tier", "kv_transfer_params", "refusal", "annotations", "audio",
                          "function_call", "reasoning", "reasoning_content", "created_cache_tokens",
-                         "multimodal_tokens", "completion_tokens_details"})
+                         "multimodal_tokens", "completion_tokens_details", "token_strs"})
 # what a Responses answer says that is not its settings' echo: compared as everywhere else
 RESPONSES_CORE = ("output[].content[].text", "output[].type", "output[].name", "output[].arguments",
                   "status", "usage.input_tokens", "usage.output_tokens", "usage.total_tokens",
@@ -101,7 +101,8 @@ DIFFERENCES: list[Difference] = [
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "
                "`prompt_text`, a message's `refusal`/`annotations`/`audio`/`function_call`/`reasoning`, "
-               "`usage.completion_tokens_details`, `prompt_tokens_details.multimodal_tokens`) are left out; "
+               "`usage.completion_tokens_details`, `prompt_tokens_details.multimodal_tokens`, `/tokenize`'s "
+               "`token_strs`) are left out; "
                "`stop_reason`, which has a value, is sent",
                _vllm_extras),
     Difference("responses_fields", True,

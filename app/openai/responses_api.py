@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.openai import validation_errors
 from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
 from app.openai.responses_input import InputItem, Strict, chat_messages, refuse_what_is_not_served
@@ -155,9 +156,7 @@ class ResponsesRequest(BoundedBody):
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         except ValidationError as err:
-            first = err.errors()[0]
-            param = responses_param(str(first["loc"][0]) if first["loc"] else "input")
-            raise InvalidRequest(f"Invalid '{param}': {first['msg']}", param=param) from None
+            raise validation_errors.refused_as_built(err.errors(), "input", responses_param) from None
         except InvalidRequest as err:
             raise type(err)(err.message, param=responses_param(err.param)) from None
 

@@ -9,8 +9,12 @@ from pydantic import ConfigDict, Field, ValidationError
 from app.config.model import LimitsConfig
 from app.engine.interface import PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
+from app.openai import validation_errors
 from app.openai.chat import ChatCompletionRequest
 from app.openai.json_depth import BoundedBody
+
+# The chat template's options vLLM's /tokenize takes with `messages`, rendered as chat renders them.
+_CHAT_OPTIONS = ("tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 
 
 class TokenizeRequest(BoundedBody):
@@ -41,19 +45,16 @@ class TokenizeRequest(BoundedBody):
                 f"'add_special_tokens: {str(self.add_special_tokens).lower()}' is not supported with "
                 f"'{'prompt' if self.messages is None else 'messages'}'; leave it out", param="add_special_tokens")
         if self.messages is None:
-            for name in ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"):
+            for name in _CHAT_OPTIONS:
                 if name in self.model_fields_set:
                     raise InvalidRequest(f"'{name}' goes with 'messages', not 'prompt'", param=name)
             return PromptInput(text=self.prompt)
-        options = self.model_dump(include={"tools", "add_generation_prompt", "continue_final_message",
-                                           "chat_template_kwargs"}, exclude_none=True)
+        options = self.model_dump(include=set(_CHAT_OPTIONS), exclude_none=True)
         try:  # "none": the template gets the tools, and no tool-call parser is needed to count them
             chat = ChatCompletionRequest(model=self.model, messages=self.messages, **options,
                                          tool_choice="none" if self.tools else None)
         except ValidationError as err:  # a bad message is the client's 400, not a 500
-            first = err.errors()[0]
-            param = str(first["loc"][0]) if first["loc"] else "messages"
-            raise InvalidRequest(f"Invalid '{param}': {first['msg']}", param=param) from None
+            raise validation_errors.refused_as_built(err.errors(), "messages") from None
         return chat.to_prompt(limits)
 
 

@@ -10,8 +10,10 @@ service's own naming: the top-level field the first error is about.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from app.errors import InvalidRequest
 
 MAX_REPORTED_ERRORS = 10
 MAX_INPUT_CHARS = 200
@@ -76,3 +78,12 @@ def param(errors: Sequence[Any]) -> str | None:
     first = errors[0] if errors and isinstance(errors[0], dict) else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     return loc[0] if loc else None
+
+
+def refused_as_built(errors: Sequence[Any], default_param: str,
+                     named: Callable[[str], str | None] = lambda field: field) -> InvalidRequest:
+    """The 400 for a request this service built from another's fields (a chat request from a Responses or /tokenize
+    body): pydantic's words for the first error, naming its top-level field as `named` calls it in the client's
+    request (`default_param` where the error has no field)."""
+    field = named(param(errors) or default_param)
+    return InvalidRequest(f"Invalid '{field}': {errors[0]['msg']}", param=field)

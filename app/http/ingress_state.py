@@ -15,7 +15,7 @@ from app.config.app_config import AppConfig
 from app.config.model import ModelConfig
 from app.engine.client import ClientReading
 from app.engine.interface import Embeddings, EmbedRequest, GenerateRequest, PromptInput
-from app.errors import ModelNotFound
+from app.errors import InvalidRequest, ModelNotFound
 from app.http.capacity import Capacity
 from app.http.lifecycle import Lifecycle
 from app.http.metrics import Metrics
@@ -71,7 +71,14 @@ class IngressState:
                  if load.serving and load.free_in_s is not None]
         return min(known, default=1.0)
 
-    def backend_for(self, model_id: str) -> tuple[ModelConfig, Backend]:
+    def backend_for(self, model_id: str | None) -> tuple[ModelConfig, Backend]:
+        """The model a request names. Left out (or ""), the one served, as `vllm serve` does; with several served,
+        a 400 that lists them (taking the first would answer from a model the client did not choose)."""
+        if not model_id:
+            if len(self.models) > 1:
+                raise InvalidRequest(f"'model' is required: this service serves {len(self.models)} models "
+                                     f"({', '.join(self.models)}); GET /v1/models lists them", param="model")
+            model_id = next(iter(self.models))
         model = self.models.get(model_id)
         if model is None:
             raise ModelNotFound(

@@ -41,7 +41,7 @@ class EmbeddingRequest(BoundedBody):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(..., min_length=1)
+    model: str | None = None  # as vLLM: left out, the served model
     input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, le=2**31 - 1)

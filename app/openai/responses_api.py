@@ -75,7 +75,7 @@ class TextConfig(Strict):
 class ResponsesRequest(BoundedBody):
     model_config = ConfigDict(extra="allow")  # unknown fields are refused by name below
 
-    model: str = Field(..., min_length=1)
+    model: str | None = None  # as vLLM: left out, the served model
     input: str | list[InputItem]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)

@@ -46,7 +46,7 @@ class SamplingRequest(BoundedBody):
     # Unknown fields are collected, then refused by name in `_refuse_unknown`.
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(..., min_length=1)
+    model: str | None = None  # as vLLM: left out (or ""), the served model (app/http/ingress_state.py)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1)

@@ -22,7 +22,7 @@ class TokenizeRequest(BoundedBody):
     that vLLM's /tokenize takes, so that the count is what the same chat request's prompt costs (tools included)."""
 
     model_config = ConfigDict(extra="forbid")
-    model: str
+    model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -62,5 +62,5 @@ class DetokenizeRequest(BoundedBody):
     """vLLM's /detokenize body."""
 
     model_config = ConfigDict(extra="forbid")
-    model: str
+    model: str | None = None
     tokens: list[int] = Field(..., max_length=1_000_000)

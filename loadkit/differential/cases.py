@@ -176,6 +176,10 @@ CURATED: list[Case] = [
     # refusals: the same status, the same parameter named
     Case("top_logprobs_over_max", chat(logprobs=True, top_logprobs=6), expect="top_logprobs_param"),
     Case("unknown_model", chat(model="no-such-model")),
+    # `model` left out or null: the served model answers, as in vLLM
+    Case("chat_without_model", Request("POST", "/v1/chat/completions",
+                                       {"messages": QUESTION, "temperature": 0, "max_tokens": 8}), expect=EXTRAS),
+    Case("completion_model_null", completion(model=None), expect=EXTRAS),
     Case("over_context", chat(max_tokens=4096)),
     Case("temperature_negative", chat(temperature=-1)),
     Case("allowed_token_ids_empty", chat(allowed_token_ids=[])),

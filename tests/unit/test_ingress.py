@@ -11,6 +11,7 @@ import pytest
 from app.api_keys import API_KEYS_ENV
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import ANSWER
+from app.errors import InvalidRequest
 from app.host.replica_load import ReplicaLoad
 from app.http.capacity import Capacity
 from app.http.ingress_state import IngressState
@@ -259,6 +260,34 @@ async def test_unknown_model_404(client):
     assert err["code"] == "model_not_found"
     assert err["param"] == "model"
     assert "nope" in err["message"]
+
+
+@pytest.mark.parametrize("model", [None, ""])
+async def test_a_request_without_a_model_is_served_by_the_one_model_as_vllm_serve_does(client, model):
+    def body(**fields):
+        return {**fields, "model": model} if model is not None else fields
+
+    chat = (await client.post("/v1/chat/completions", json=body(messages=[{"role": "user", "content": "Hi"}])))
+    assert chat.status_code == 200 and chat.json()["model"] == MODEL_ID, chat.text
+    completion = await client.post("/v1/completions", json=body(prompt="Hi", max_tokens=2))
+    assert completion.status_code == 200 and completion.json()["model"] == MODEL_ID, completion.text
+    response = await client.post("/v1/responses", json=body(input="Hi"))
+    assert response.status_code == 200 and response.json()["model"] == MODEL_ID, response.text
+    tokens = await client.post("/tokenize", json=body(prompt="Hi"))
+    assert tokens.status_code == 200 and tokens.json()["tokens"], tokens.text
+    text = await client.post("/detokenize", json=body(tokens=tokens.json()["tokens"]))
+    assert text.status_code == 200 and text.json()["prompt"] == "Hi", text.text
+
+
+def test_a_request_without_a_model_names_the_choices_when_several_are_served():
+    one = make_config().models[0]
+    config = make_config().model_copy(update={"models": [one, one.model_copy(update={"id": "other"})]})
+    state = IngressState(config, {MODEL_ID: object(), "other": object()}, Metrics(), Capacity(config), Lifecycle(),
+                         False)
+    assert state.backend_for("other")[0].id == "other"
+    with pytest.raises(InvalidRequest) as refused:
+        state.backend_for(None)
+    assert refused.value.param == "model" and f"({MODEL_ID}, other)" in refused.value.message
 
 
 async def test_malformed_json_400(client):

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Why text holding one is refused, and what to send instead: JSON carries it ("\\ud800"), no UTF-8 encoder does.
+LONE_SURROGATE = ("a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not Unicode text; "
+                  "send the character's whole surrogate pair or the character itself")
+
 
 class ServiceError(Exception):
     status: int = 500

@@ -19,13 +19,12 @@ from typing import Any, TypeVar
 from app.config.model import ModelConfig
 from app.engine.interface import Engine, GenerateRequest, GenerationParams, PromptInput
 from app.engine.prompt_render import render_prompt, truncated
-from app.errors import ContextLengthExceeded, InvalidRequest, QueueFull
+from app.errors import LONE_SURROGATE, ContextLengthExceeded, InvalidRequest, QueueFull
 
 _T = TypeVar("_T")
 
 
-_NOT_TEXT = ("it contains a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), which is not "
-             "Unicode text; send the character's whole surrogate pair or the character itself")
+_NOT_TEXT = f"it contains {LONE_SURROGATE}"
 
 
 def _has_lone_surrogate(prompt: PromptInput) -> bool:

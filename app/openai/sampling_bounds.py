@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from app.errors import InvalidRequest
+from app.errors import LONE_SURROGATE, InvalidRequest
 
 MAX_LOGIT_BIAS = 1024  # entries of a logit_bias map
 MAX_ALLOWED_TOKEN_IDS = 4096
@@ -85,8 +85,5 @@ def text_only(param: str, strings: Iterable[str], named: str = "") -> None:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise InvalidRequest(
-                    f"'{named or param}' entries must be valid Unicode text: one holds a lone UTF-16 surrogate (an "
-                    "escape such as \\ud800 without its pair); send the character's whole surrogate pair or the "
-                    "character itself",
-                    param=param,
+                    f"'{named or param}' entries must be valid Unicode text: one holds {LONE_SURROGATE}", param=param
                 ) from None

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.errors import InvalidRequest
+from app.errors import LONE_SURROGATE, InvalidRequest
 from app.openai.sampling_bounds import text_only
 
 MAX_JSON_SCHEMA_NESTING = 64  # the same limit as vLLM's (MAX_STRUCTURED_OUTPUT_JSON_NESTING)
@@ -43,9 +43,7 @@ def checked_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     try:  # xgrammar's JSON parser refuses a lone surrogate (legal JSON: "\\ud800") in its own words
         json.dumps(schema, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("the schema holds a lone UTF-16 surrogate (an escape such as \\ud800 without its pair), "
-                         "which is not Unicode text; send the character's whole surrogate pair or the character "
-                         "itself") from None
+        raise ValueError(f"the schema holds {LONE_SURROGATE}") from None
     return schema
 
 

@@ -183,6 +183,13 @@ class EngineWedged(ServiceUnavailable):
     code = "engine_wedged"
 
 
+class RequestQuarantined(ServiceUnavailable):
+    """Engines broke with this request in them, before its first output, often enough that it is held back rather
+    than sent again (app/engine/quarantine.py): not retried on another replica or engine."""
+
+    code = "request_quarantined"
+
+
 class RequestTimeout(ServiceError):
     status = 504
     type = "timeout_error"

@@ -4,7 +4,8 @@ Such a replica (`rayserve.replicas.ModelServer`: one model on one replica, the d
 give a request to when its engine dies or wedges; its supervisor restarts the engine in place (tens of seconds
 on a CPU: docs/operations.md). A request that engine had in flight waits for the restart
 instead of ending with a 503, then goes on on the new engine as the ingress tier continues one on another replica
-(`engine.resumed_stream`): sent again when nothing had come back yet; each unfinished choice continued
+(`engine.resumed_stream`): sent again when nothing had come back yet (a second break before its first output
+holds it back instead: `engine.quarantine`); each unfinished choice continued
 from its own tokens when the client already had part of the answer, so it sees one unbroken answer. It waits
 within its own `timeout_s`, and not at all when the engine is not coming back (no restart under way: Serve
 replaces the replica). An embeddings request under way is sent again whole on the restarted engine. A request
@@ -24,12 +25,13 @@ from typing import Any
 
 from app.engine.client import ClientReading
 from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, GenerationDelta
+from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
 from app.host.supervisor import EngineState
 
-ATTEMPTS = 3  # engines one request may be sent to, the first included (then a crash loop is Serve's to end)
+ATTEMPTS = 3  # engines an embeddings request may be sent to, the first included
 POLL_S = 0.25  # how often a waiting request looks whether the restarted engine serves
 
 
@@ -40,6 +42,7 @@ class ResumingHost(EngineHost):
         super().__init__(*args, **kwargs)
         # /metrics (app_requests_migrated_total), as the ingress tier counts its continuations on other replicas.
         self.migrated: Counter[str] = Counter()
+        self.quarantine = Quarantine()
 
     def generate(self, request: GenerateRequest, client: ClientReading | None = None
                  ) -> AsyncGenerator[Admitted | GenerationDelta, None]:
@@ -48,11 +51,13 @@ class ResumingHost(EngineHost):
 
     async def _attempts(self, request: GenerateRequest, client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """The request on this host's engine, sent again once the engine serves again when it broke before any
-        answer (up to `ATTEMPTS` engines); one that breaks after answering raises `Lost`. A request that found no
-        engine serving (it arrived during a restart) is refused as `EngineHost` refuses it."""
+        answer, until it has broken `BREAKS_TO_HOLD` engines (then it is held: engine/quarantine.py); one that breaks
+        after answering raises `Lost`. A request that found no engine serving (it arrived during a restart) is
+        refused as `EngineHost` refuses it."""
         deadline = time.monotonic() + request.timeout_s
-        attempt_request = request
-        for attempt in range(1, ATTEMPTS + 1):
+        self.quarantine.refuse_if_held(request)
+        attempt_request, breaks = request, 0
+        while True:
             engine, answered = self.supervisor.serving_engine(), False
             try:
                 # Closed with this stream: its slot is given back (and the engine request aborted) at once.
@@ -62,11 +67,15 @@ class ResumingHost(EngineHost):
                         yield item
                 return
             except ServiceUnavailable as err:
-                if answered and self._broke(engine):
+                broke = self._broke(engine)
+                if answered and broke:
                     raise Lost(err) from None
-                if answered:
+                if answered or not broke:
                     raise
-                await self._again_after(err, engine, attempt, deadline, request.timeout_s)
+                breaks += 1
+                if breaks == BREAKS_TO_HOLD:
+                    raise self.quarantine.hold(request, breaks, "restarted in place on this replica") from None
+                await self._serving_again(err, deadline, request.timeout_s)
                 attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
                                           after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))
 

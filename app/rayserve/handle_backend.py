@@ -44,6 +44,7 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
+from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.pauses import pausable
@@ -51,7 +52,7 @@ from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
 from app.rayserve.call_ids import remote
 from app.rayserve.client_pauses import paused_while_unread
-from app.rayserve.handle_errors import Refused, RefusedBy, translate, worth_another_replica
+from app.rayserve.handle_errors import Refused, RefusedBy, broke_under, translate, worth_another_replica
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, Addressed, replica_ids, replica_loads
 from app.rayserve.scaling_view import ScalingView
 from app.rayserve.unmet_demand import UnmetDemand, unmet_refusal
@@ -78,6 +79,7 @@ class HandleBackend:
         self.routing = routing  # None: Serve's router draws two replicas (request_router.py)
         self.retried: Counter[str] = Counter()  # attempts on another replica, by the refusal's reason (/metrics)
         self.migrated: Counter[str] = Counter()  # choices resumed elsewhere, and those that could not (/metrics)
+        self.quarantine = Quarantine()  # requests that broke engines before their first output (engine/quarantine.py)
         # An autoscaled model's ingress tells the policy of the requests it refuses at once, and reads back its last
         # decision (/stats, /metrics, the Retry-After while a replica starts); a fixed fleet needs neither.
         self.unmet: UnmetDemand | None = None
@@ -138,6 +140,8 @@ class HandleBackend:
         """One engine stream, tried on up to `ATTEMPTS` replicas until one answers (module docstring). A stream
         that fails retryably after answering raises `Lost`."""
         started = time.monotonic()
+        self.quarantine.refuse_if_held(request)
+        sent_as, broke_on = request, list[str]()  # the replicas whose engine broke under it before it was answered
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
         replica, prompt_tokens = "", 0
         request = replace(request, demand_at_sender=True) if self.unmet is not None else request  # counted here
@@ -170,6 +174,10 @@ class HandleBackend:
                 error = translate(err.refused.error if isinstance(err, RefusedBy) else err)
                 if answered and isinstance(error, ServiceUnavailable):
                     raise Lost(error, refused_by or replica) from None
+                if not answered and broke_under(err):
+                    broke_on.append(refused_by or "?")
+                    if len(broke_on) == BREAKS_TO_HOLD:
+                        raise self.quarantine.hold(sent_as, len(broke_on), f"replicas {', '.join(broke_on)}") from None
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
                 if answered or last or not worth_another_replica(error, avoid, self._loads()):

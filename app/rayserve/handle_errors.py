@@ -60,3 +60,9 @@ class RefusedBy(Exception):
     def __init__(self, refused: Refused):
         super().__init__(refused.error)
         self.refused = refused
+
+
+def broke_under(err: BaseException) -> bool:
+    """A call's failure (as raised, before `translate`) that was the replica's engine breaking with the request in
+    it, or the replica's process dying under the call: what a request that breaks engines leaves behind."""
+    return (isinstance(err, RefusedBy) and err.refused.in_flight) or isinstance(err, ActorDiedError)

@@ -162,11 +162,12 @@ class EngineReplica:
         """`generate` for callers across the Ray handle: errors come back as `Refused` values naming this replica.
         `avoid` and `prefer` are for the router only (replicas that already refused this request; the ingress's
         ranking of replicas, rayserve/request_router.py)."""
+        engine = self.host.supervisor.serving_engine()
         try:
             async for item in self.host.generate(request):
                 yield replace(item, replica=self._replica_id) if isinstance(item, Admitted) else item
         except ServiceError as err:
-            yield Refused(err, self._replica_id)
+            yield Refused(err, self._replica_id, in_flight=engine is not None and self.host.supervisor.left(engine))
 
     async def embed_remote(self, request: EmbedRequest, avoid: tuple[str, ...] = ()) -> Embeddings | Refused:
         """`embed` for callers across the Ray handle: a refusal comes back as a `Refused` value naming this replica

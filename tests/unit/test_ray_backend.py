@@ -14,12 +14,14 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from app.config.service import ServiceConfig
 from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta, PromptInput
 from app.errors import (
     InvalidRequest,
     NeverInTime,
     OverTimeTarget,
     QueueFull,
+    RequestQuarantined,
     RequestTimeout,
     ServiceError,
     ServiceUnavailable,
@@ -28,8 +30,9 @@ from app.host.replica_load import ReplicaLoad
 from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused, translate
 from app.rayserve.scaling_view import ScalingView
 from app.scaling.decision import ScalingDecision
-from tests.support.fake_stack import make_request
+from tests.support.fake_stack import make_config, make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
+from tests.support.waiting import until
 
 
 def wrapped(cause: BaseException) -> RayTaskError:
@@ -334,3 +337,49 @@ def test_retries_are_counted_in_the_metrics_by_reason():
     text = Metrics().render({}, {"m": {"queue_full": 2, "engine_unavailable": 1}}).decode()
     assert 'app_requests_retried_total{model_name="m",reason="queue_full"} 2.0' in text
     assert 'app_requests_retried_total{model_name="m",reason="engine_unavailable"} 1.0' in text
+
+
+async def test_a_request_whose_engine_broke_under_it_on_two_replicas_is_held_back():
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+    handle = StandInHandle(responses=[StandInResponse([Refused(broke, "r1", in_flight=True)]),
+                                      StandInResponse([], fail=ActorDiedError()), StandInResponse(ITEMS)])
+    backend = HandleBackend(handle)
+    poison = make_request("POISON")
+    with pytest.raises(RequestQuarantined) as held:
+        async for _ in backend.generate(poison):
+            pass
+    assert len(handle.calls) == 2 and held.value.code == "request_quarantined"  # not a third replica
+    assert "r1, ?" in held.value.message
+    with pytest.raises(RequestQuarantined, match="held back"):  # the SDK's retry: refused without a call
+        async for _ in backend.generate(replace(poison, request_id="again")):
+            pass
+    assert len(handle.calls) == 2
+    assert [item async for item in backend.generate(make_request("fine"))] == ITEMS
+
+
+async def test_refusals_on_arrival_hold_nothing_back():
+    down = ServiceUnavailable("engine restarting", retry_after_s=5)
+    handle = StandInHandle(responses=[StandInResponse([Refused(down, f"r{i}")]) for i in range(2)]
+                           + [StandInResponse(ITEMS)])
+    assert [item async for item in HandleBackend(handle).generate(make_request("hello"))] == ITEMS
+    assert len(handle.calls) == 3
+
+
+async def test_the_replica_says_whether_its_engine_broke_with_the_request_in_it():
+    """`EngineReplica.generate_remote` marks a refusal `in_flight` only when the engine it sent the request to
+    broke: what the ingress counts towards holding a request back."""
+    from app.rayserve.replicas import EngineReplica
+
+    replica = EngineReplica(make_config(engine={"fake_token_delay_s": 0.5}).models[0], ServiceConfig())
+    try:
+        answer = replica.generate_remote(make_request("hello"))
+        task = asyncio.create_task(anext(answer))
+        await until(lambda: replica.host.engine.stats().running == 1, what="the request in the engine")
+        replica.host.engine.kill()
+        refused = await asyncio.wait_for(task, 30)
+        assert isinstance(refused, Refused) and isinstance(refused.error, ServiceUnavailable) and refused.in_flight
+        await until(lambda: replica.host.supervisor.serving_engine() is None, what="the engine out of service")
+        refused = await anext(replica.generate_remote(make_request("later")))
+        assert isinstance(refused, Refused) and not refused.in_flight  # refused on arrival
+    finally:
+        replica.host.shutdown()

@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 
 from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.interface import Admitted, EmbedRequest, GenerationDelta, PromptInput
-from app.errors import RequestTimeout, ServiceUnavailable
+from app.engine.quarantine import HOLD_S
+from app.errors import RequestQuarantined, RequestTimeout, ServiceUnavailable
 from app.host.resuming_host import ResumingHost
 from app.host.supervisor import EngineState
 from tests.support.fake_stack import make_config, make_request
@@ -140,3 +142,29 @@ async def test_an_embeddings_request_under_way_is_answered_by_the_restarted_engi
     gate.set()
     assert await asyncio.wait_for(task, 30) == undisturbed
     assert host.supervisor.restarts_total == 1 and host.admission.stats().in_system == 0
+
+
+class Poisoned(FakeEngine):
+    """Dies whenever a prompt holding POISON reaches it, before any output: a request some kernel crashes on."""
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        if b"POISON" in bytes(prompt_token_ids):
+            self.kill()
+        async for delta in super().generate(request_id, prompt_token_ids, params):
+            yield delta
+
+
+async def test_a_request_that_breaks_the_engine_twice_before_its_first_output_is_held_back():
+    host = ResumingHost(make_config().models[0], Poisoned(), ServiceConfig(), engine_factory=Poisoned)
+    poison = make_request("POISON pill", max_tokens=8)
+    with pytest.raises(RequestQuarantined) as held:
+        await asyncio.wait_for(_answer(host, poison), 30)
+    assert held.value.status == 503 and held.value.code == "request_quarantined"
+    await until(lambda: host.supervisor.state is EngineState.SERVING, what="the second restart done")
+    assert host.supervisor.restarts_total == 2  # not a third: that one would have left the replica to Serve
+    # The same request sent again (the SDK retries a 503) is refused at once, its engine untouched.
+    with pytest.raises(RequestQuarantined, match="held back") as again:
+        await _answer(host, replace(poison, request_id="again"))
+    assert 1 <= again.value.retry_after_s <= HOLD_S and host.supervisor.restarts_total == 2
+    texts, finishes, _ = await asyncio.wait_for(_answer(host, make_request("a fine one", max_tokens=4)), 30)
+    assert finishes == {0: "length"} and len(texts[0].split()) == 4  # others are served meanwhile

@@ -1,0 +1,74 @@
+"""Requests held back after engines broke with them inside, before their first output.
+
+An engine that dies or wedges under a request that has had no answer yet looks like the engine's failure, so the
+request is sent again: to another replica (rayserve/handle_backend.py) or to the engine restarted in place
+(host/resuming_host.py). When it is the request that breaks engines (an input some kernel or library crashes on),
+that fails every engine it reaches: unchecked, three per request and three more for each of the openai SDK's two
+retries of the 503, and on the default one-replica config the third break within ten minutes leaves the replica to
+Serve to replace (host/restart_budget.py), cutting every connection it holds. So a request its engine broke under
+before its first output `BREAKS_TO_HOLD` times is sent nowhere again: it ends with a 503 `request_quarantined`, and
+the same request (prompt and parameters, whoever sends it) is refused at once for `HOLD_S`. Another request that
+happened to wait beside it through both breaks is held too: two breaks in a row under one request are rare enough
+that holding it costs less than a third break.
+
+Usage contract: a sender calls `refuse_if_held(request)` before each request it sends, counts the breaks under it
+that came before any answer, and raises `hold(request, breaks, where)` when they reach `BREAKS_TO_HOLD`. Nothing is
+computed per request while nothing is held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+
+from app.engine.interface import GenerateRequest
+from app.errors import RequestQuarantined
+
+log = logging.getLogger(__name__)
+BREAKS_TO_HOLD = 2
+HOLD_S = 600.0  # the restart budget's window (host/restart_budget.py): a held request cannot spend its third break
+MAX_HELD = 1024  # fingerprints remembered (the oldest go first); a flood of distinct ones is not a crash loop
+
+
+def fingerprint(request: GenerateRequest) -> str:
+    """The request's prompt and parameters: what an engine sees of it, not who sent it or when."""
+    return hashlib.sha256(repr((request.prompt, request.params)).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Quarantine:
+    """The requests held back in this process, by fingerprint, until when (module docstring)."""
+
+    def __init__(self) -> None:
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def refuse_if_held(self, request: GenerateRequest) -> None:
+        if not self._until:
+            return
+        now = time.monotonic()
+        while self._until and next(iter(self._until.values())) <= now:  # held in order: the oldest end first
+            self._until.popitem(last=False)
+        until = self._until.get(fingerprint(request))
+        if until is not None:
+            raise RequestQuarantined(
+                f"this request (the same prompt and parameters) was in the engine each time it failed, "
+                f"{BREAKS_TO_HOLD} times, before its first output; it is held back for {until - now:.0f} s more, in "
+                "case it is what makes engines fail. Send it changed, or after Retry-After",
+                retry_after_s=max(1, round(until - now)))
+
+    def hold(self, request: GenerateRequest, breaks: int, where: str) -> RequestQuarantined:
+        """The error that ends `request` after `breaks` breaks `where` (said in the log and the message); the same
+        request is refused at once for HOLD_S."""
+        key = fingerprint(request)
+        self._until.pop(key, None)
+        self._until[key] = time.monotonic() + HOLD_S
+        while len(self._until) > MAX_HELD:
+            self._until.popitem(last=False)
+        log.warning("request %s held back for %.0f s (fingerprint %s): %d engines %s broke with it inside before "
+                    "its first output; the same request is refused until then", request.trace_id or
+                    request.request_id, HOLD_S, key[:12], breaks, where)
+        return RequestQuarantined(
+            f"the engine failed {breaks} times with this request in it, before its first output ({where}); it is not "
+            f"sent again, in case it is what makes engines fail, and the same request is refused for {HOLD_S:.0f} s",
+            retry_after_s=HOLD_S)

@@ -13,7 +13,8 @@ a bad one is ignored.
 
 `X-Session-Id` (`session_hint`): any string naming the client's conversation; the fleet router (app/routing/)
 takes it as a hint of where the conversation's history is cached, never as a pin. Without the header, the body's
-`prompt_cache_key` (OpenAI's parameter for the same purpose, which the SDKs and agent frameworks send) is the hint.
+`session_id` (vLLM's) or `prompt_cache_key` (OpenAI's parameter for the same purpose, which the SDKs and agent
+frameworks send) is the hint.
 """
 
 from __future__ import annotations
@@ -62,5 +63,5 @@ def client_targets(headers: Mapping[str, str], stream: bool) -> ClientTargets:
     )
 
 
-def session_hint(headers: Mapping[str, str], prompt_cache_key: str | None = None) -> str:
-    return (headers.get(SESSION_HEADER) or prompt_cache_key or "")[:MAX_SESSION_CHARS]
+def session_hint(headers: Mapping[str, str], in_body: str | None = None) -> str:
+    return (headers.get(SESSION_HEADER) or in_body or "")[:MAX_SESSION_CHARS]

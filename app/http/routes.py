@@ -205,7 +205,7 @@ def _engine_requests(request: Request, body: ChatCompletionRequest | CompletionR
                      prompts: list[PromptInput], params: GenerationParams) -> list[GenerateRequest]:
     """One engine request per prompt (a batch's each with its own id), with the client's targets and tenant."""
     targets = client_targets(request.headers, stream=bool(body.stream))
-    session = session_hint(request.headers, body.prompt_cache_key)
+    session = session_hint(request.headers, body.session_id or body.prompt_cache_key)
     return [GenerateRequest(request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt=prompt,
                             params=params, timeout_s=state_of(request).config.service.request_timeout_s,
                             want_prompt_text=isinstance(body, CompletionRequest) and body.echo,

@@ -353,6 +353,36 @@ async def test_the_routing_hint_reaches_the_engine_request(stack, monkeypatch, h
     assert seen == [hint, hint]
 
 
+@pytest.mark.parametrize("headers, body, hint", [
+    ({}, {"session_id": "vllm-9"}, "vllm-9"),  # vLLM's parameter
+    ({}, {"session_id": "vllm-9", "prompt_cache_key": "conv-7"}, "vllm-9"),
+    ({"X-Session-Id": "s-1"}, {"session_id": "vllm-9"}, "s-1"),
+])
+async def test_vllm_s_session_id_is_the_routing_hint_too(stack, monkeypatch, headers, body, hint):
+    seen: list[str] = []
+    generate = stack.host.generate
+
+    def recording(request, client=None):
+        seen.append(request.session_id)
+        return generate(request, client)
+
+    monkeypatch.setattr(stack.host, "generate", recording)
+    resp = await stack.client.post("/v1/chat/completions", json=chat_body(**body), headers=headers)
+    assert resp.status_code == 200, resp.text
+    resp = await stack.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2,
+                                                            **body}, headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert seen == [hint, hint]
+
+
+async def test_vllm_s_extensions_for_what_is_not_run_here_are_refused_by_name(client):
+    assert (await client.post("/v1/chat/completions", json=chat_body(include_reasoning=False))).status_code == 200
+    for name, value in (("cache_salt", "s" * 43), ("repetition_detection", {"max_pattern_size": 4}),
+                        ("kv_transfer_params", {"do_remote_decode": True})):
+        err = error_of(await client.post("/v1/chat/completions", json=chat_body(**{name: value})), 400)
+        assert err["code"] == "unsupported_parameter" and err["param"] == name and "not supported" in err["message"]
+
+
 async def test_context_length_exceeded_400(client):
     err = error_of(await client.post("/v1/chat/completions", json=chat_body("x" * 200, max_tokens=100)), 400)
     assert err["code"] == "context_length_exceeded"

@@ -166,7 +166,7 @@ class FakeEngine(EngineWaits):
         check_params(params)
         self.running.add(request_id)
         self._prompted += len(prompt_token_ids)
-        cached, created = self._cached(tuple(prompt_token_ids))
+        cached, created = self._cached(tuple(prompt_token_ids), params.cache_salt)
         self._changed()
         try:
             await self._prefill(len(prompt_token_ids) - cached)
@@ -265,10 +265,10 @@ class FakeEngine(EngineWaits):
         if self.dead:
             raise EngineDead("fake engine is dead")
 
-    def _cached(self, prompt: tuple[int, ...]) -> tuple[int, int]:
+    def _cached(self, prompt: tuple[int, ...], salt: str | None) -> tuple[int, int]:
         """As vLLM's prefix cache: the tokens found (the leading whole blocks held, never the last token) and those
         written (the whole blocks held after, less those found); least recently used blocks are evicted."""
-        names = block_hashes(prompt, self.block_tokens)
+        names = block_hashes(prompt, self.block_tokens, salt)
         hit = self._cache.match(names[:cacheable_blocks(len(prompt), self.block_tokens)], touch=True)
         self._cache.add(names)
         self._cache_queries += len(prompt)

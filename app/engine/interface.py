@@ -71,6 +71,7 @@ class GenerationParams:
     # A choice with auto_tools resumed: its steps before (text, token ids), in order, which the new replica's stop
     # strings and tool-call parser read again to be where the first ones were (engine/vllm/tool_parsing).
     parser_replay: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    cache_salt: str | None = None  # vLLM's: only requests with the same salt share prefix-cache blocks
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,7 @@ class Embeddings:
 
 @dataclass(frozen=True)
 class EmbeddingFacts:
-    """What an embedding engine's model allows (vLLM's model config): its vectors' size, and whether (and to which
-    sizes) `dimensions` may shorten them (Matryoshka representation)."""
+    """What an embedding engine's model allows: its vectors' size, and which `dimensions` may shorten them."""
 
     size: int
     matryoshka: bool = False

@@ -13,10 +13,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 
-def block_hashes(token_ids: Sequence[int], block_tokens: int) -> tuple[int, ...]:
-    """The chained names of the prompt's whole blocks (a partial last block has none)."""
+def block_hashes(token_ids: Sequence[int], block_tokens: int, salt: str | None = None) -> tuple[int, ...]:
+    """The chained names of the prompt's whole blocks (a partial last block has none); a `salt` (vLLM's
+    cache_salt) goes into the first block's name, as vLLM keys it, and so into every name after."""
     names: list[int] = []
-    name = 0
+    name = hash(salt) if salt else 0
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         name = hash((name, tuple(token_ids[start:start + block_tokens])))
         names.append(name)

@@ -32,6 +32,7 @@ UNSUPPORTED_PARAMETERS = (
 CHAT_PARAMETERS = (
     "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
     "logit_bias", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "chat_template_kwargs",
+    "cache_salt",
 )
 _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
 _NO_OBFUSCATION = {"include_obfuscation": False}  # what this service does anyway: no padding fields in events

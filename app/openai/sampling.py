@@ -22,14 +22,14 @@ from app.openai.sampling_bounds import (
     MAX_TOKEN_ID,
     MAX_TOP_K,
     bad_words,
+    cache_salt,
     logit_bias,
     text_only,
     token_ids,
 )
 from app.openai.structured_outputs import StructuredOutputs
 
-# Accepted for compatibility and deliberately without effect (documented in docs/api.md).
-# vLLM's include_reasoning acts only through a reasoning parser, and none is configured here.
+# Accepted and without effect (docs/api.md); vLLM's include_reasoning acts only through a reasoning parser (none here).
 IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier", "include_reasoning")
 
 
@@ -40,9 +40,8 @@ UNSUPPORTED_PARAMETERS = (
     "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio", "modalities", "prediction",
     "reasoning_effort",  # chat's is a field (app/openai/chat.py): this is completions'
     "verbosity", "web_search_options", "best_of", "suffix",
-    # vLLM's extensions for what this service does not run: salted prefix caches, disaggregated prefill, custom
-    # logits processors' arguments, early ends on repeats, thinking budgets, multimodal inputs, watermarks.
-    "cache_salt", "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection",
+    # vLLM's for what is not run here: disaggregated prefill, custom logits processors, repeat detection, ...
+    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection",
     "thinking_token_budget", "return_token_offsets", "return_prompt_text", "stream_interval", "mm_processor_kwargs",
     "media_io_kwargs", "mm_payload", "return_mm_kwargs", "watermarking", "routed_experts_prompt_start",
 )
@@ -65,6 +64,7 @@ class SamplingRequest(BoundedBody):
     # OpenAI's cache hint: a routing hint as X-Session-Id is (which wins when both are sent).
     prompt_cache_key: str | None = None
     session_id: str | None = Field(None, description="vLLM extension: the conversation's id, a routing hint too.")
+    cache_salt: str | None = Field(None, description="vLLM extension: prefix-cache blocks shared only with it.")
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
     # vLLM's sampling and decoding extensions (the openai SDK sends them through `extra_body`), with vLLM's types
     # and defaults; see docs/api.md.
@@ -190,6 +190,7 @@ class SamplingRequest(BoundedBody):
             "bad_words": bad_words(self.bad_words),
             "return_token_ids": bool(self.return_token_ids),
             "tokens_as_ids": bool(self.return_tokens_as_token_ids),
+            "cache_salt": cache_salt(self.cache_salt),
             "prompt_logprobs": self.prompt_logprobs,
             "priority": self.priority,
         }

@@ -76,6 +76,23 @@ def bad_words(words: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(words))
 
 
+MAX_CACHE_SALT_CHARS = 128  # vLLM's bound and forbidden characters (its cache keys are built from the salt)
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
+def cache_salt(salt: str | None) -> str | None:
+    """vLLM's cache_salt, checked by vLLM's rules, in its words."""
+    if salt is None:
+        return None
+    if not salt:
+        raise InvalidRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    if len(salt) > MAX_CACHE_SALT_CHARS or any(char in CACHE_SALT_FORBIDDEN for char in salt):
+        raise InvalidRequest("Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+                             "'\\\\', or NUL.", param="cache_salt")
+    text_only("cache_salt", (salt,))
+    return salt
+
+
 def text_only(param: str, strings: Iterable[str], named: str = "") -> None:
     """Refuses a string holding a lone UTF-16 surrogate: legal JSON ("\\ud800"), but no UTF-8 encoder (the
     tokenizer, the engine's msgpack, a grammar compiler) takes it, and where one fails unwatched it is a 500."""

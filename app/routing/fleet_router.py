@@ -98,15 +98,15 @@ class FleetRouter:
 
     def choose(self, loads: Mapping[str, ReplicaLoad], prompt_ids: Sequence[int] | None,
                first_token_target_s: float | None = None, avoid: frozenset[str] = frozenset(),
-               session: str = "") -> Decision | None:
+               session: str = "", salt: str | None = None) -> Decision | None:
         """The replicas ranked for this request (None: no replica known yet); `decision.refusal` set when even the
         soonest misses `first_token_target_s`. `avoid`: replicas that refused it already (left out while others
-        remain)."""
+        remain). `salt`: the request's cache_salt, which names its prefix blocks as the engine names them."""
         started, started_cpu = time.perf_counter(), time.thread_time()
         now = time.monotonic()
         self._track(loads, now)
         block = next((load.block_tokens for load in loads.values() if load.block_tokens), 0)
-        names = block_hashes(prompt_ids, block) if prompt_ids and block else ()
+        names = block_hashes(prompt_ids, block, salt) if prompt_ids and block else ()
         tokens = len(prompt_ids or ())
         hit_blocks = cacheable_blocks(tokens, block) if block else 0
         serving = [r for r in loads if loads[r].serving] or list(loads)

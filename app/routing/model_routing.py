@@ -62,4 +62,4 @@ class ModelRouting:
         """The replicas ranked for `request`; a continuation has no first-token target (its client has had one)."""
         target = None if request.continuation else tightest(self.model.deployment.ttft_target_s,
                                                             request.ttft_target_s)
-        return self.router.choose(loads, prompt_ids, target, avoid, session)
+        return self.router.choose(loads, prompt_ids, target, avoid, session, request.params.cache_salt)

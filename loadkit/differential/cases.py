@@ -180,6 +180,9 @@ CURATED: list[Case] = [
     Case("chat_without_model", Request("POST", "/v1/chat/completions",
                                        {"messages": QUESTION, "temperature": 0, "max_tokens": 8}), expect=EXTRAS),
     Case("completion_model_null", completion(model=None), expect=EXTRAS),
+    # vLLM's cache_salt: served (the prefix cache keyed by it), and refused in vLLM's words when malformed
+    Case("chat_cache_salt", chat(cache_salt="k" * 43), expect=EXTRAS),
+    Case("cache_salt_slash", chat(cache_salt="a/b")),
     Case("over_context", chat(max_tokens=4096)),
     Case("temperature_negative", chat(temperature=-1)),
     Case("allowed_token_ids_empty", chat(allowed_token_ids=[])),

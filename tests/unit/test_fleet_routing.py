@@ -218,6 +218,34 @@ def test_a_continued_answer_goes_where_the_longest_prefix_of_prompt_and_output_i
     assert decision.candidates[0].cached_tokens == 256
 
 
+def test_a_salted_prompt_shares_blocks_only_with_the_same_salt_in_the_router_and_the_engine():
+    prompt = _ids(1, 100)
+    assert block_hashes(prompt, BLOCK, "tenant-a") != block_hashes(prompt, BLOCK, "tenant-b") != block_hashes(
+        prompt, BLOCK)
+    router = FleetRouter(rng=random.Random(0))
+    loads = {"r1": _load(), "r2": _load(wait_s=0.21)}
+    assert _sent_and_answered(router, loads, prompt) == "r1"  # r1 holds the unsalted prompt
+    salted = router.choose(loads, prompt, salt="tenant-a")
+    assert salted is not None and all(c.cached_tokens == 0 for c in salted.candidates)  # no hit predicted
+    router.ended(salted)
+    assert router.choose(loads, prompt).candidates[0].cached_tokens == 96  # type: ignore[union-attr]
+
+
+async def test_the_fake_engine_s_prefix_cache_is_shared_only_under_the_same_salt():
+    engine = FakeEngine(block_tokens=BLOCK)
+    engine.start()
+    prompt = _ids(1, 100)
+
+    async def cached(salt: str | None) -> int | None:
+        params = make_request("x", max_tokens=1, cache_salt=salt).params
+        deltas = [d async for d in engine.generate(f"r-{salt}-{random.random()}", prompt, params)]
+        return deltas[0].cached_tokens
+
+    assert await cached(None) == 0
+    assert await cached("tenant-a") == 0  # the unsalted blocks are not its
+    assert await cached("tenant-a") == 96 and await cached(None) == 96 and await cached("tenant-b") == 0
+
+
 def test_the_session_hint_counts_when_the_prompt_is_not_known_here_but_never_pins():
     router = FleetRouter(rng=random.Random(0))
     first = router.choose({"r1": _load(), "r2": _load(wait_s=0.3)}, None, session="chat-1")

@@ -377,10 +377,31 @@ async def test_vllm_s_session_id_is_the_routing_hint_too(stack, monkeypatch, hea
 
 async def test_vllm_s_extensions_for_what_is_not_run_here_are_refused_by_name(client):
     assert (await client.post("/v1/chat/completions", json=chat_body(include_reasoning=False))).status_code == 200
-    for name, value in (("cache_salt", "s" * 43), ("repetition_detection", {"max_pattern_size": 4}),
+    for name, value in (("vllm_xargs", {"a": 1}), ("repetition_detection", {"max_pattern_size": 4}),
                         ("kv_transfer_params", {"do_remote_decode": True})):
         err = error_of(await client.post("/v1/chat/completions", json=chat_body(**{name: value})), 400)
         assert err["code"] == "unsupported_parameter" and err["param"] == name and "not supported" in err["message"]
+
+
+async def test_a_cache_salt_reaches_the_engine_and_a_bad_one_is_refused_in_vllm_s_words(stack, monkeypatch):
+    seen: list[str | None] = []
+    generate = stack.host.generate
+
+    def recording(request, client=None):
+        seen.append(request.params.cache_salt)
+        return generate(request, client)
+
+    monkeypatch.setattr(stack.host, "generate", recording)
+    salt = "k" * 43
+    for path, body in (("/v1/chat/completions", chat_body(cache_salt=salt)),
+                       ("/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2, "cache_salt": salt}),
+                       ("/v1/responses", {"model": MODEL_ID, "input": "Hi", "cache_salt": salt})):
+        resp = await stack.client.post(path, json=body)
+        assert resp.status_code == 200, resp.text
+    assert seen == [salt, salt, salt]
+    for bad, words in (("", "non-empty"), ("a/b", "at most 128 characters"), ("s" * 129, "at most 128 characters")):
+        err = error_of(await stack.client.post("/v1/chat/completions", json=chat_body(cache_salt=bad)), 400)
+        assert err["param"] == "cache_salt" and words in err["message"]
 
 
 async def test_context_length_exceeded_400(client):

@@ -37,4 +37,4 @@ def beam_search_outputs(
         include_stop_str_in_output=p.include_stop_str_in_output,
         skip_special_tokens=p.skip_special_tokens,
     )
-    return _Beams(llm).beam_search(tokens_input(list(prompt_token_ids)), request_id, params)
+    return _Beams(llm).beam_search(tokens_input(list(prompt_token_ids), cache_salt=p.cache_salt), request_id, params)

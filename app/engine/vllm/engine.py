@@ -39,7 +39,7 @@ from app.engine.vllm.from_vllm import prompt_token_logprobs, step_choices
 from app.engine.vllm.grammar_backend import XgrammarPin
 from app.engine.vllm.grammar_gate import GrammarGate
 from app.engine.vllm.refusals import refusal, rejected
-from app.engine.vllm.to_vllm import computes_in_process, engine_args, sampling_params
+from app.engine.vllm.to_vllm import computes_in_process, engine_args, engine_prompt, sampling_params
 from app.engine.vllm.tool_parsing import auto_tool_calls, parser_class
 from app.errors import InvalidRequest
 
@@ -186,8 +186,8 @@ class VLLMEngine:
             prompt_ids = tuple(prompt_token_ids) if params.return_token_ids else None  # on the first delta only
             first = True
             outputs = (beam_search_outputs(self.llm, prompt_token_ids, request_id, params) if sampling is None
-                       else self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_token_ids)), sampling,
-                                              request_id, priority=params.priority))
+                       else self.llm.generate(engine_prompt(prompt_token_ids, params),
+                                              sampling, request_id, priority=params.priority))
             async for out in outputs:
                 choices = step_choices(out, params, parsers)
                 if out.outputs and not choices:  # only a choice that ended on a stop string here went on

@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
@@ -112,3 +113,11 @@ def sampling_params(p: GenerationParams) -> SamplingParams:
         prompt_logprobs=p.prompt_logprobs,
         extra_args=_extra_args(p),
     )
+
+
+def engine_prompt(prompt_token_ids: list[int], p: GenerationParams) -> TokensPrompt:
+    """The prompt as vLLM takes it: its token ids, and the request's cache_salt where it has one."""
+    prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+    if p.cache_salt:
+        prompt["cache_salt"] = p.cache_salt
+    return prompt

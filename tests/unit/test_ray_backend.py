@@ -341,20 +341,48 @@ def test_retries_are_counted_in_the_metrics_by_reason():
 
 async def test_a_request_whose_engine_broke_under_it_on_two_replicas_is_held_back():
     broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
-    handle = StandInHandle(responses=[StandInResponse([Refused(broke, "r1", in_flight=True)]),
-                                      StandInResponse([], fail=ActorDiedError()), StandInResponse(ITEMS)])
+    handle = StandInHandle(responses=[StandInResponse([Refused(broke, "r1", in_flight=True, engine=1)]),
+                                      StandInResponse([Refused(broke, "r2", in_flight=True, engine=1)]),
+                                      StandInResponse(ITEMS)])
     backend = HandleBackend(handle)
     poison = make_request("POISON")
     with pytest.raises(RequestQuarantined) as held:
         async for _ in backend.generate(poison):
             pass
     assert len(handle.calls) == 2 and held.value.code == "request_quarantined"  # not a third replica
-    assert "r1, ?" in held.value.message
+    assert "on replica r2" in held.value.message
     with pytest.raises(RequestQuarantined, match="held back"):  # the SDK's retry: refused without a call
         async for _ in backend.generate(replace(poison, request_id="again")):
             pass
     assert len(handle.calls) == 2
     assert [item async for item in backend.generate(make_request("fine"))] == ITEMS
+
+
+async def test_the_breaks_of_a_request_sent_again_count_together_but_one_break_counts_once():
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+
+    def breaking(engine: int) -> StandInResponse:
+        return StandInResponse([Refused(broke, "r1", in_flight=True, engine=engine)])
+
+    # One engine's break under two identical requests (a load of the same prompt) counts once: both go on.
+    handle = StandInHandle(responses=[breaking(1), breaking(1), StandInResponse(ITEMS), StandInResponse(ITEMS)])
+    backend = fleet_of(HandleBackend(handle), "r1", "r2")
+    for request_id in ("a", "b"):
+        assert [item async for item in backend.generate(replace(make_request("same"), request_id=request_id))] == ITEMS
+    # The lone replica's engine restarted (another engine) and broken again by the same request sent again.
+    def restarting() -> StandInResponse:
+        return StandInResponse([Refused(ServiceUnavailable("restarting"), "r1")])
+
+    handle = StandInHandle(responses=[breaking(1), restarting(), restarting(), breaking(2)])
+    backend = fleet_of(HandleBackend(handle), "r1")
+    with pytest.raises(ServiceUnavailable) as first:
+        async for _ in backend.generate(make_request("POISON")):
+            pass
+    assert not isinstance(first.value, RequestQuarantined) and len(handle.calls) == 3
+    with pytest.raises(RequestQuarantined):  # the client's retry breaks the restarted engine too
+        async for _ in backend.generate(make_request("POISON")):
+            pass
+    assert len(handle.calls) == 4
 
 
 async def test_refusals_on_arrival_hold_nothing_back():

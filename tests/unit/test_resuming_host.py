@@ -168,3 +168,17 @@ async def test_a_request_that_breaks_the_engine_twice_before_its_first_output_is
     assert 1 <= again.value.retry_after_s <= HOLD_S and host.supervisor.restarts_total == 2
     texts, finishes, _ = await asyncio.wait_for(_answer(host, make_request("a fine one", max_tokens=4)), 30)
     assert finishes == {0: "length"} and len(texts[0].split()) == 4  # others are served meanwhile
+
+
+async def test_identical_requests_in_one_break_count_it_once_and_both_go_on():
+    gate = threading.Event()
+    host = ResumingHost(make_config().models[0], FakeEngine(prefill_s_per_token=0.02), ServiceConfig(),
+                        engine_factory=lambda: GatedStart(gate))
+    same = make_request("a prompt of some length", max_tokens=8)
+    tasks = [asyncio.create_task(_answer(host, replace(same, request_id=f"r{i}"))) for i in range(2)]
+    await until(lambda: host.engine.stats().running == 2, what="both in their prefill")
+    host.engine.kill()
+    await until(lambda: host.supervisor.state is EngineState.RESTARTING, what="the restart under way")
+    gate.set()
+    for texts, finishes, _ in await asyncio.wait_for(asyncio.gather(*tasks), 30):
+        assert finishes == {0: "length"} and len(texts[0].split()) == 8

@@ -11,11 +11,13 @@ the same request (prompt and parameters, whoever sends it) is refused at once fo
 happened to wait beside it through both breaks is held too: two breaks in a row under one request are rare enough
 that holding it costs less than a third break.
 
-Usage contract: a sender calls `refuse_if_held(request)` before it sends a request, and `broke(request, where,
-engine)` each time an engine broke with it inside before any answer (`engine`: that engine's identity, so that
-identical requests in one break count it once); `broke` returns the error to end it with once that request (this
-one, or the same one sent before: the SDK's retries count together) has been in `BREAKS_TO_HOLD` engines' breaks
-within `HOLD_S`. Nothing is computed per request while nothing has broken.
+Counted per request, not per prompt: a load of identical requests (a benchmark's one prompt) lives through engine
+kills as before, each of its requests having seen at most one break before its first output; only the request that
+itself saw two is held (it and any copy of it: the SDK's retries of its 503 are refused at once).
+
+Usage contract: a sender calls `refuse_if_held(request)` before it sends a request, counts the breaks the request
+was in before any answer, and raises `hold(request, breaks, where)` when they reach `BREAKS_TO_HOLD`. Nothing is
+computed per request while nothing is held.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
 
 from app.engine.interface import GenerateRequest
 from app.errors import RequestQuarantined
 
 log = logging.getLogger(__name__)
 BREAKS_TO_HOLD = 2
-HOLD_S = 600.0  # breaks count, and a hold lasts, this long: the restart budget's window (host/restart_budget.py)
+HOLD_S = 600.0  # the restart budget's window (host/restart_budget.py): a held request cannot spend its third break
 MAX_HELD = 1024  # fingerprints remembered (the oldest go first); a flood of distinct ones is not a crash loop
 
 
@@ -41,45 +42,37 @@ def fingerprint(request: GenerateRequest) -> str:
 
 
 class Quarantine:
-    """The breaks each request fingerprint was in, and the requests held back, in this process (module docstring)."""
+    """The requests held back in this process, by fingerprint, until when (module docstring)."""
 
     def __init__(self) -> None:
-        # fingerprint: (the engines that broke with it inside, until when they count), the oldest first
-        self._breaks: OrderedDict[str, tuple[frozenset[Hashable], float]] = OrderedDict()
-
-    def _forget_ended(self) -> None:
-        now = time.monotonic()
-        while self._breaks and next(iter(self._breaks.values()))[1] <= now:
-            self._breaks.popitem(last=False)
+        self._until: OrderedDict[str, float] = OrderedDict()  # the oldest hold first
 
     def refuse_if_held(self, request: GenerateRequest) -> None:
-        if not self._breaks:
+        if not self._until:
             return
-        self._forget_ended()
-        engines, until = self._breaks.get(fingerprint(request), (frozenset(), 0.0))
-        if len(engines) >= BREAKS_TO_HOLD:
-            left = until - time.monotonic()
+        now = time.monotonic()
+        while self._until and next(iter(self._until.values())) <= now:
+            self._until.popitem(last=False)
+        until = self._until.get(fingerprint(request))
+        if until is not None:
             raise RequestQuarantined(
-                f"this request (the same prompt and parameters) was in the engine each time it failed, {len(engines)} "
-                f"times, before its first output; it is held back for {left:.0f} s more, in case it is what makes "
-                "engines fail. Send it changed, or after Retry-After", retry_after_s=max(1, round(left)))
+                f"this request (the same prompt and parameters) was in the engine each time it failed, "
+                f"{BREAKS_TO_HOLD} times, before its first output; it is held back for {until - now:.0f} s more, in "
+                "case it is what makes engines fail. Send it changed, or after Retry-After",
+                retry_after_s=max(1, round(until - now)))
 
-    def broke(self, request: GenerateRequest, where: str, engine: Hashable) -> RequestQuarantined | None:
-        """Counts `engine` broken with `request` inside before any answer (`where`: said in the log and the
-        message); the error to end it with once BREAKS_TO_HOLD engines have, after which the same request is
-        refused at once for HOLD_S."""
-        self._forget_ended()
+    def hold(self, request: GenerateRequest, breaks: int, where: str) -> RequestQuarantined:
+        """The error that ends `request` after `breaks` breaks, the last `where` (said in the log and the message);
+        the same request is refused at once for HOLD_S."""
         key = fingerprint(request)
-        engines = self._breaks.pop(key, (frozenset(), 0.0))[0] | {engine}
-        self._breaks[key] = (engines, time.monotonic() + HOLD_S)
-        while len(self._breaks) > MAX_HELD:
-            self._breaks.popitem(last=False)
-        if len(engines) < BREAKS_TO_HOLD:
-            return None
+        self._until.pop(key, None)
+        self._until[key] = time.monotonic() + HOLD_S
+        while len(self._until) > MAX_HELD:
+            self._until.popitem(last=False)
         log.warning("request %s held back for %.0f s (fingerprint %s): %d engines broke with it inside before its "
                     "first output, the last %s; the same request is refused until then",
-                    request.trace_id or request.request_id, HOLD_S, key[:12], len(engines), where)
+                    request.trace_id or request.request_id, HOLD_S, key[:12], breaks, where)
         return RequestQuarantined(
-            f"the engine failed {len(engines)} times with this request in it, before its first output (the last "
-            f"{where}); it is not sent again, in case it is what makes engines fail, and the same request is refused "
-            f"for {HOLD_S:.0f} s", retry_after_s=HOLD_S)
+            f"the engine failed {breaks} times with this request in it, before its first output (the last {where}); "
+            f"it is not sent again, in case it is what makes engines fail, and the same request is refused for "
+            f"{HOLD_S:.0f} s", retry_after_s=HOLD_S)

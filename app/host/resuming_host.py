@@ -25,7 +25,7 @@ from typing import Any
 
 from app.engine.client import ClientReading
 from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, GenerationDelta
-from app.engine.quarantine import Quarantine
+from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
@@ -51,11 +51,12 @@ class ResumingHost(EngineHost):
 
     async def _attempts(self, request: GenerateRequest, client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """The request on this host's engine, sent again once the engine serves again when it broke before any
-        answer, unless that makes it held back (engine/quarantine.py); one that breaks after answering raises `Lost`.
+        answer, until it has been in `BREAKS_TO_HOLD` breaks (then held back: engine/quarantine.py); one that breaks
+        after answering raises `Lost`.
         A request that found no engine serving (it arrived during a restart) is refused as `EngineHost` refuses it."""
         deadline = time.monotonic() + request.timeout_s
         self.quarantine.refuse_if_held(request)
-        attempt_request = request
+        attempt_request, breaks = request, 0
         while True:
             engine, answered = self.supervisor.serving_engine(), False
             try:
@@ -71,9 +72,9 @@ class ResumingHost(EngineHost):
                     raise Lost(err) from None
                 if answered or not broke:
                     raise
-                held = self.quarantine.broke(request, "on this replica's engine, restarted in place", id(engine))
-                if held is not None:
-                    raise held from None
+                breaks += 1
+                if breaks == BREAKS_TO_HOLD:
+                    raise self.quarantine.hold(request, breaks, "on this replica's restarted engine") from None
                 await self._serving_again(err, deadline, request.timeout_s)
                 attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
                                           after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))

@@ -44,7 +44,7 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
-from app.engine.quarantine import Quarantine
+from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.pauses import pausable
@@ -52,7 +52,7 @@ from app.host.replica_load import ReplicaLoad
 from app.host.stats import ReplicaStats
 from app.rayserve.call_ids import remote
 from app.rayserve.client_pauses import paused_while_unread
-from app.rayserve.handle_errors import Refused, RefusedBy, broken_engine, translate, worth_another_replica
+from app.rayserve.handle_errors import Refused, RefusedBy, broke_under, translate, worth_another_replica
 from app.rayserve.request_router import ROUTING_STATS_PERIOD_S, Addressed, replica_ids, replica_loads
 from app.rayserve.scaling_view import ScalingView
 from app.rayserve.unmet_demand import UnmetDemand, unmet_refusal
@@ -141,7 +141,7 @@ class HandleBackend:
         that fails retryably after answering raises `Lost`."""
         started = time.monotonic()
         self.quarantine.refuse_if_held(request)
-        sent_as = request  # as the client sent it: what is held back (a wedge's retry changes `request`)
+        sent_as, breaks = request, 0  # as sent (what is held back: a wedge's retry changes `request`); engines broken
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
         replica, prompt_tokens = "", 0
         request = replace(request, demand_at_sender=True) if self.unmet is not None else request  # counted here
@@ -174,10 +174,10 @@ class HandleBackend:
                 error = translate(err.refused.error if isinstance(err, RefusedBy) else err)
                 if answered and isinstance(error, ServiceUnavailable):
                     raise Lost(error, refused_by or replica) from None
-                if not answered and (broken := broken_engine(err)) is not None:
-                    held = self.quarantine.broke(sent_as, f"on replica {broken[0]}", broken)
-                    if held is not None:
-                        raise held from None
+                if not answered and broke_under(err):
+                    breaks += 1
+                    if breaks == BREAKS_TO_HOLD:
+                        raise self.quarantine.hold(sent_as, breaks, f"on replica {refused_by}") from None
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
                 if answered or last or not worth_another_replica(error, avoid, self._loads()):

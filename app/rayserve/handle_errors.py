@@ -25,7 +25,6 @@ class Refused:
     error: ServiceError
     replica: str = ""
     in_flight: bool = False
-    engine: int = 0  # with in_flight: which of the replica's engines broke (its identity in the replica's process)
 
 
 def worth_another_replica(err: BaseException, refused_by: Collection[str] = (),
@@ -63,10 +62,8 @@ class RefusedBy(Exception):
         self.refused = refused
 
 
-def broken_engine(err: BaseException) -> tuple[str, int] | None:
-    """The replica and engine that broke with the request in it, where that is what a call's failure (as raised,
-    before `translate`) was: what a request that breaks engines leaves behind. A replica's process that died is
-    not counted: that is most often a node lost or a process killed, under every request it held."""
-    if isinstance(err, RefusedBy) and err.refused.in_flight:
-        return err.refused.replica, err.refused.engine
-    return None
+def broke_under(err: BaseException) -> bool:
+    """A call's failure (as raised, before `translate`) that was the replica's engine breaking with the request in
+    it: what a request that breaks engines leaves behind. A replica process that died is not counted: that is most
+    often a node lost or a process killed, under every request it held."""
+    return isinstance(err, RefusedBy) and err.refused.in_flight

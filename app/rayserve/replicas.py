@@ -167,8 +167,7 @@ class EngineReplica:
             async for item in self.host.generate(request):
                 yield replace(item, replica=self._replica_id) if isinstance(item, Admitted) else item
         except ServiceError as err:
-            yield Refused(err, self._replica_id, in_flight=engine is not None and self.host.supervisor.left(engine),
-                          engine=id(engine))
+            yield Refused(err, self._replica_id, in_flight=engine is not None and self.host.supervisor.left(engine))
 
     async def embed_remote(self, request: EmbedRequest, avoid: tuple[str, ...] = ()) -> Embeddings | Refused:
         """`embed` for callers across the Ray handle: a refusal comes back as a `Refused` value naming this replica

@@ -52,8 +52,8 @@ class ResumingHost(EngineHost):
     async def _attempts(self, request: GenerateRequest, client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """The request on this host's engine, sent again once the engine serves again when it broke before any
         answer, until it has been in `BREAKS_TO_HOLD` breaks (then held back: engine/quarantine.py); one that breaks
-        after answering raises `Lost`.
-        A request that found no engine serving (it arrived during a restart) is refused as `EngineHost` refuses it."""
+        after answering raises `Lost`. A request that found no engine serving (it arrived during a restart) is
+        refused as `EngineHost` refuses it."""
         deadline = time.monotonic() + request.timeout_s
         self.quarantine.refuse_if_held(request)
         attempt_request, breaks = request, 0

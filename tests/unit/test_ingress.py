@@ -332,20 +332,26 @@ async def test_ignored_and_empty_tool_fields_accepted(client):
     assert resp.status_code == 200, resp.text
 
 
+def _seen_by_the_host(stack, monkeypatch, what) -> list:
+    """`what` of each engine request the stack's host is given, in order."""
+    seen: list = []
+    generate = stack.host.generate
+
+    def recording(request, client=None):
+        seen.append(what(request))
+        return generate(request, client)
+
+    monkeypatch.setattr(stack.host, "generate", recording)
+    return seen
+
+
 @pytest.mark.parametrize("headers, body, hint", [
     ({}, {"prompt_cache_key": "conv-7"}, "conv-7"),  # OpenAI's parameter, as agent frameworks send it
     ({"X-Session-Id": "s-1"}, {"prompt_cache_key": "conv-7"}, "s-1"),  # the header wins
     ({}, {}, ""),
 ])
 async def test_the_routing_hint_reaches_the_engine_request(stack, monkeypatch, headers, body, hint):
-    seen: list[str] = []
-    generate = stack.host.generate
-
-    def recording(request, client=None):
-        seen.append(request.session_id)
-        return generate(request, client)
-
-    monkeypatch.setattr(stack.host, "generate", recording)
+    seen = _seen_by_the_host(stack, monkeypatch, lambda request: request.session_id)
     resp = await stack.client.post("/v1/chat/completions", json=chat_body(**body), headers=headers)
     assert resp.status_code == 200, resp.text
     resp = await stack.client.post("/v1/responses", json={"model": MODEL_ID, "input": "Hi", **body}, headers=headers)
@@ -359,14 +365,7 @@ async def test_the_routing_hint_reaches_the_engine_request(stack, monkeypatch, h
     ({"X-Session-Id": "s-1"}, {"session_id": "vllm-9"}, "s-1"),
 ])
 async def test_vllm_s_session_id_is_the_routing_hint_too(stack, monkeypatch, headers, body, hint):
-    seen: list[str] = []
-    generate = stack.host.generate
-
-    def recording(request, client=None):
-        seen.append(request.session_id)
-        return generate(request, client)
-
-    monkeypatch.setattr(stack.host, "generate", recording)
+    seen = _seen_by_the_host(stack, monkeypatch, lambda request: request.session_id)
     resp = await stack.client.post("/v1/chat/completions", json=chat_body(**body), headers=headers)
     assert resp.status_code == 200, resp.text
     resp = await stack.client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2,
@@ -384,14 +383,7 @@ async def test_vllm_s_extensions_for_what_is_not_run_here_are_refused_by_name(cl
 
 
 async def test_a_cache_salt_reaches_the_engine_and_a_bad_one_is_refused_in_vllm_s_words(stack, monkeypatch):
-    seen: list[str | None] = []
-    generate = stack.host.generate
-
-    def recording(request, client=None):
-        seen.append(request.params.cache_salt)
-        return generate(request, client)
-
-    monkeypatch.setattr(stack.host, "generate", recording)
+    seen = _seen_by_the_host(stack, monkeypatch, lambda request: request.params.cache_salt)
     salt = "k" * 43
     for path, body in (("/v1/chat/completions", chat_body(cache_salt=salt)),
                        ("/v1/completions", {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2, "cache_salt": salt}),

@@ -27,7 +27,7 @@ import logging
 import time
 from collections import OrderedDict
 
-from app.engine.interface import GenerateRequest
+from app.engine.interface import EmbedRequest, GenerateRequest
 from app.errors import RequestQuarantined
 
 log = logging.getLogger(__name__)
@@ -36,9 +36,11 @@ HOLD_S = 600.0  # the restart budget's window (host/restart_budget.py): a held r
 MAX_HELD = 1024  # fingerprints remembered (the oldest go first); a flood of distinct ones is not a crash loop
 
 
-def fingerprint(request: GenerateRequest) -> str:
-    """The request's prompt and parameters: what an engine sees of it, not who sent it or when."""
-    return hashlib.sha256(repr((request.prompt, request.params)).encode("utf-8", "surrogatepass")).hexdigest()
+def fingerprint(request: GenerateRequest | EmbedRequest) -> str:
+    """The request's prompt (or inputs) and parameters: what an engine sees of it, not who sent it or when."""
+    seen = ((request.prompt, request.params) if isinstance(request, GenerateRequest)
+            else (request.inputs, request.dimensions))
+    return hashlib.sha256(repr(seen).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Quarantine:
@@ -47,7 +49,7 @@ class Quarantine:
     def __init__(self) -> None:
         self._until: OrderedDict[str, float] = OrderedDict()  # the oldest hold first
 
-    def refuse_if_held(self, request: GenerateRequest) -> None:
+    def refuse_if_held(self, request: GenerateRequest | EmbedRequest) -> None:
         if not self._until:
             return
         now = time.monotonic()
@@ -61,7 +63,7 @@ class Quarantine:
                 "case it is what makes engines fail. Send it changed, or after Retry-After",
                 retry_after_s=max(1, round(until - now)))
 
-    def hold(self, request: GenerateRequest, breaks: int, where: str) -> RequestQuarantined:
+    def hold(self, request: GenerateRequest | EmbedRequest, breaks: int, where: str) -> RequestQuarantined:
         """The error that ends `request` after `breaks` breaks, the last `where` (said in the log and the message);
         the same request is refused at once for HOLD_S."""
         key = fingerprint(request)

@@ -31,7 +31,6 @@ from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
 from app.host.supervisor import EngineState
 
-ATTEMPTS = 3  # engines an embeddings request may be sent to, the first included
 POLL_S = 0.25  # how often a waiting request looks whether the restarted engine serves
 
 
@@ -81,26 +80,24 @@ class ResumingHost(EngineHost):
 
     async def embed(self, request: EmbedRequest) -> Embeddings:
         """/v1/embeddings, sent again on the restarted engine when its engine broke under it (nothing of an
-        embedding reaches the client before its end, so a second try is the whole answer), up to `ATTEMPTS`."""
+        embedding reaches the client before its end, so a second try is the whole answer), until it has been in
+        `BREAKS_TO_HOLD` breaks (then held back, as a generation is). A refusal of the request itself, or of one
+        that arrived during a restart, is raised as it is."""
         deadline = time.monotonic() + request.timeout_s
-        attempt_request, attempt = request, 1
+        self.quarantine.refuse_if_held(request)
+        attempt_request, breaks = request, 0
         while True:
             engine = self.supervisor.serving_engine()
             try:
                 return await super().embed(attempt_request)
             except ServiceUnavailable as err:
-                await self._again_after(err, engine, attempt, deadline, request.timeout_s)
-            attempt += 1
+                if not self._broke(engine):
+                    raise
+                breaks += 1
+                if breaks == BREAKS_TO_HOLD:
+                    raise self.quarantine.hold(request, breaks, "on this replica's restarted engine") from None
+                await self._serving_again(err, deadline, request.timeout_s)
             attempt_request = replace(request, timeout_s=deadline - time.monotonic())
-
-    async def _again_after(self, failure: ServiceUnavailable, engine: Engine | None, attempt: int, deadline: float,
-                           timeout_s: float) -> None:
-        """Returns when a request that `failure` ended before any answer may be sent again: `engine` (the one it
-        was sent to) broke and the restarted one serves. Raises `failure` after the last of `ATTEMPTS` or when the
-        engine did not break (a refusal of the request itself, or one that arrived during a restart)."""
-        if attempt == ATTEMPTS or not self._broke(engine):
-            raise failure
-        await self._serving_again(failure, deadline, timeout_s)
 
     def _broke(self, engine: Engine | None) -> bool:
         """Whether `engine` (the one serving when a request was sent) broke since: its restart under way or done."""

@@ -208,7 +208,9 @@ class HandleBackend:
         waits for a replica to serve again within its time, as a continued generation does: nothing of an embedding
         has reached the client, so the next try is the whole answer."""
         deadline = time.monotonic() + request.timeout_s
+        self.quarantine.refuse_if_held(request)
         avoid: tuple[str, ...] = ()
+        breaks = 0  # engines that broke with it inside (engine/quarantine.py)
         for attempt in range(1, ATTEMPTS + 1):
             attempt_request = request if attempt == 1 else replace(request, timeout_s=deadline - time.monotonic())
             try:
@@ -220,6 +222,9 @@ class HandleBackend:
             if isinstance(answer, Embeddings):
                 return answer
             error = cast(Refused, answer).error
+            breaks += answer.in_flight
+            if breaks == BREAKS_TO_HOLD:
+                raise self.quarantine.hold(request, breaks, f"on replica {answer.replica}")
             last = attempt == ATTEMPTS or time.monotonic() >= deadline
             avoid += (answer.replica,) if answer.replica else ()
             if last or not worth_another_replica(error, avoid, self._loads()):

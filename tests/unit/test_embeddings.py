@@ -19,7 +19,7 @@ from app.config.service import ServiceConfig
 from app.engine.fake import FakeEngine
 from app.engine.fake_model import EMBEDDING_SIZE
 from app.engine.interface import Embeddings, EmbedRequest, PromptInput
-from app.errors import InvalidRequest, QueueFull, ServiceUnavailable
+from app.errors import InvalidRequest, QueueFull, RequestQuarantined, ServiceUnavailable
 from app.host.replica_load import ReplicaLoad
 from app.openai.embeddings import base64_of
 from app.rayserve.handle_backend import HandleBackend, Refused
@@ -457,3 +457,41 @@ async def test_a_large_embeddings_answer_is_encoded_with_the_loop_given_back_bet
     await other
     assert body == dumps(payload)
     assert ticks - started >= 4  # 64 vectors of ~25 KB of JSON each: given back every ~256 KB
+
+
+async def test_an_embedding_whose_engine_broke_under_it_on_two_replicas_is_held_back():
+    """As a generation: the second break with it inside ends it with `request_quarantined`, and its copy is refused
+    without a call (app/engine/quarantine.py)."""
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+    answer = Embeddings(vectors=((1.0, 0.0),), prompt_tokens=3)
+    handle = _Answers(Refused(broke, replica="r1", in_flight=True), Refused(broke, replica="r2", in_flight=True),
+                      answer)
+    backend = HandleBackend(handle)  # type: ignore[arg-type]
+    backend._loads = lambda: {r: ReplicaLoad() for r in ("r1", "r2", "r3")}  # type: ignore[method-assign]
+    with pytest.raises(RequestQuarantined, match="on replica r2"):
+        await backend.embed(_request("POISON"))
+    with pytest.raises(RequestQuarantined, match="held back"):
+        await backend.embed(_request("POISON"))
+    assert len(handle.calls) == 2
+
+
+class _PoisonedEmbedder(FakeEngine):
+    """Dies whenever an input holding POISON reaches it."""
+
+    async def embed(self, request_id, prompt_token_ids, dimensions):
+        if b"POISON" in bytes(prompt_token_ids):
+            self.kill()
+        return await super().embed(request_id, prompt_token_ids, dimensions)
+
+
+async def test_an_embedding_that_breaks_the_restarted_engine_too_is_held_back():
+    from app.host.resuming_host import ResumingHost
+
+    model = embed_config(engine={"max_model_len": MAX_MODEL_LEN}).models[0]
+    host = ResumingHost(model, _PoisonedEmbedder(max_model_len=MAX_MODEL_LEN), ServiceConfig(),
+                        engine_factory=lambda: _PoisonedEmbedder(max_model_len=MAX_MODEL_LEN))
+    with pytest.raises(RequestQuarantined):
+        await asyncio.wait_for(host.embed(_request("POISON")), 30)
+    await until(lambda: host.supervisor.state.name == "SERVING", what="the second restart done")
+    assert host.supervisor.restarts_total == 2  # not a third, which would leave the replica to Serve
+    assert (await host.embed(_request("fine"))).vectors

@@ -41,7 +41,7 @@ UNSUPPORTED_PARAMETERS = (
     "reasoning_effort",  # chat's is a field (app/openai/chat.py): this is completions'
     "verbosity", "web_search_options", "best_of", "suffix",
     # vLLM's for what is not run here: disaggregated prefill, custom logits processors, repeat detection, ...
-    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection",
+    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection", "chat_template", "documents",
     "thinking_token_budget", "return_token_offsets", "return_prompt_text", "stream_interval", "mm_processor_kwargs",
     "media_io_kwargs", "mm_payload", "return_mm_kwargs", "watermarking", "routed_experts_prompt_start",
 )

@@ -377,7 +377,7 @@ async def test_vllm_s_session_id_is_the_routing_hint_too(stack, monkeypatch, hea
 async def test_vllm_s_extensions_for_what_is_not_run_here_are_refused_by_name(client):
     assert (await client.post("/v1/chat/completions", json=chat_body(include_reasoning=False))).status_code == 200
     for name, value in (("vllm_xargs", {"a": 1}), ("repetition_detection", {"max_pattern_size": 4}),
-                        ("kv_transfer_params", {"do_remote_decode": True})):
+                        ("kv_transfer_params", {"do_remote_decode": True}), ("chat_template", "{{ messages }}")):
         err = error_of(await client.post("/v1/chat/completions", json=chat_body(**{name: value})), 400)
         assert err["code"] == "unsupported_parameter" and err["param"] == name and "not supported" in err["message"]
 

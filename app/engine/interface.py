@@ -109,8 +109,7 @@ class GenerateRequest:
     timeout_s: float
     want_prompt_text: bool = False  # completions with echo of a token-id prompt
     trace_id: str = ""  # the client-facing X-Request-Id, carried into the engine replica's logs
-    # The client's own latency targets (seconds from arrival; app/http/client_targets.py): they can only
-    # tighten the model's.
+    # The client's own latency targets (seconds from arrival; http/client_targets.py): only tighter than the model's.
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
     # A continuation (app/engine/continuation.py): its prompt's last `resumed_tokens` ids are output being resumed
@@ -193,7 +192,8 @@ class PromptTokenLogprob:
     token_id: int
     logprob: float
     rank: int | None
-    text: str
+    text: str  # its decoded text (vLLM's `decoded_token`)
+    name: str = ""  # how logprobs name it where not by its text: "token_id:<id>" (return_tokens_as_token_ids)
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,8 @@ def prompt_scores(first: str | None, positions: tuple[tuple[PromptTokenLogprob, 
         if alts is None:  # the first token
             scores.append(PromptScore(first or "", None, None))
         else:  # its own token first, then the others (engine/vllm/from_vllm.py), all shown as vLLM shows them
-            scores.append(PromptScore(alts[0].text, alts[0].logprob, {a.text: a.logprob for a in alts}))
+            scores.append(PromptScore(alts[0].name or alts[0].text, alts[0].logprob,
+                                      {a.name or a.text: a.logprob for a in alts}))
     return scores
 
 

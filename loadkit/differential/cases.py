@@ -183,6 +183,9 @@ CURATED: list[Case] = [
     # vLLM's cache_salt: served (the prefix cache keyed by it), and refused in vLLM's words when malformed
     Case("chat_cache_salt", chat(cache_salt="k" * 43), expect=EXTRAS),
     Case("cache_salt_slash", chat(cache_salt="a/b")),
+    # return_tokens_as_token_ids names logprobs by id, but vLLM's prompt_logprobs keep the decoded text (seed 13)
+    Case("prompt_logprobs_token_ids", completion(prompt_logprobs=1, logprobs=0, return_tokens_as_token_ids=True),
+         expect=EXTRAS),
     Case("over_context", chat(max_tokens=4096)),
     Case("temperature_negative", chat(temperature=-1)),
     Case("allowed_token_ids_empty", chat(allowed_token_ids=[])),

@@ -348,6 +348,27 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_its_id_as_vllm_does():
     assert not chat(logprobs=True).to_params(LIMITS).tokens_as_ids
 
 
+def test_prompt_logprobs_keep_the_decoded_text_while_echoed_logprobs_name_tokens_by_id_as_vllm_s():
+    """vLLM's `prompt_logprobs` field shows each token's `decoded_token` whatever return_tokens_as_token_ids says;
+    the completions logprobs that echo the prompt name them "token_id:<id>" (the differential run, seed 13)."""
+    from types import SimpleNamespace
+
+    from vllm.logprobs import Logprob
+
+    from app.engine.vllm.from_vllm import prompt_token_logprobs
+    from app.openai.choice_shapes import prompt_logprobs_json, prompt_scores
+
+    out = SimpleNamespace(prompt_token_ids=[504, 3575], prompt_logprobs=[
+        None, {3575: Logprob(-11.5, 2922, " capital"), 29: Logprob(-0.9, 1, "-")}])
+    positions = prompt_token_logprobs(out, as_ids=True)
+    assert prompt_logprobs_json(positions)[1] == {"3575": {"logprob": -11.5, "rank": 2922, "decoded_token": " capital"},
+                                                   "29": {"logprob": -0.9, "rank": 1, "decoded_token": "-"}}
+    score = prompt_scores("token_id:504", positions)[1]
+    assert score.token == "token_id:3575" and set(score.top or {}) == {"token_id:3575", "token_id:29"}
+    plain = prompt_scores("The", prompt_token_logprobs(out, as_ids=False))[1]
+    assert plain.token == " capital" and set(plain.top or {}) == {" capital", "-"}
+
+
 async def test_chat_bytes_by_token_id_are_the_token_s_own_text_s_as_vllm_s(client):
     """vLLM's chat `bytes` with return_tokens_as_token_ids: the chosen token's own text's bytes, while each
     alternative's are those of its `token_id:<id>` name (the differential run's `token_id_bytes`)."""

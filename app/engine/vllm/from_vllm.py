@@ -28,7 +28,8 @@ NO_TOKEN_LEFT = ("the engine found no token the constraint allows among those th
 
 def prompt_token_logprobs(out: Any, as_ids: bool) -> tuple[tuple[PromptTokenLogprob, ...] | None, ...] | None:
     """vLLM's prompt logprobs of a RequestOutput (with prompt_logprobs), each position's own token first, then
-    its alternatives by rank; -inf clamped as vLLM's server clamps it (-9999.0)."""
+    its alternatives by rank; -inf clamped as vLLM's server clamps it (-9999.0). `as_ids`: each is also named
+    "token_id:<id>" for echoed logprobs; vLLM's own `prompt_logprobs` field keeps the decoded text."""
     found = getattr(out, "prompt_logprobs", None)
     if found is None:
         return None
@@ -39,7 +40,8 @@ def prompt_token_logprobs(out: Any, as_ids: bool) -> tuple[tuple[PromptTokenLogp
             continue
         ranked = sorted(alternatives.items(), key=lambda item: (item[0] != token_id, item[1].rank or 0))
         positions.append(tuple(
-            PromptTokenLogprob(tid, max(lp.logprob, -9999.0), lp.rank, token_name(tid, lp, as_ids))
+            PromptTokenLogprob(tid, max(lp.logprob, -9999.0), lp.rank, lp.decoded_token or "",
+                               token_name(tid, lp, True) if as_ids else "")
             for tid, lp in ranked
         ))
     return tuple(positions)

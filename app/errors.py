@@ -183,10 +183,13 @@ class EngineWedged(ServiceUnavailable):
     code = "engine_wedged"
 
 
-class RequestQuarantined(ServiceUnavailable):
+class RequestQuarantined(ServiceError):
     """Engines broke with this request in them, before its first output, often enough that it is held back rather
-    than sent again (app/engine/quarantine.py): not retried on another replica or engine."""
+    than sent again (app/engine/quarantine.py). A refusal of the request, not a `ServiceUnavailable`: no retry loop
+    (another replica, the restarted engine, a continuation) takes it for a replica's state and tries again."""
 
+    status = 503
+    type = "service_unavailable"
     code = "request_quarantined"
 
 

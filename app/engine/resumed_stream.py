@@ -24,7 +24,7 @@ from typing import Any
 from app.engine.continuation import Continuation
 from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta
 from app.engine.merged_streams import merged
-from app.errors import RequestQuarantined, RequestTimeout, ServiceUnavailable
+from app.errors import RequestTimeout, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 3  # continuations of one choice, refused ones included
@@ -106,8 +106,6 @@ async def _choice(progress: Continuation, index: int, deadline: float, failure: 
             return
         except Lost as lost:
             failure, refused = lost, False
-        except RequestQuarantined:  # it broke engines before its first output: sent nowhere again
-            raise
         except ServiceUnavailable as err:  # no engine took it (each restarting or starting): wait, and try again
             failure, refused = Lost(err, failure.replica), True
     raise failure.error

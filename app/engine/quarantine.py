@@ -15,9 +15,9 @@ Counted per request, not per prompt: a load of identical requests (a benchmark's
 kills as before, each of its requests having seen at most one break before its first output; only the request that
 itself saw two is held (it and any copy of it: the SDK's retries of its 503 are refused at once).
 
-Usage contract: a sender calls `refuse_if_held(request)` before it sends a request, counts the breaks the request
-was in before any answer, and raises `hold(request, breaks, where)` when they reach `BREAKS_TO_HOLD`. Nothing is
-computed per request while nothing is held.
+Usage contract: a sender calls `refuse_if_held(request)` before it sends a request, and `breaks = broke(request,
+breaks, where)` (starting from 0) each time an engine broke with the request inside before any answer: it raises the
+request's `RequestQuarantined` at the `BREAKS_TO_HOLD`th. Nothing is computed per request while nothing is held.
 """
 
 from __future__ import annotations
@@ -63,9 +63,12 @@ class Quarantine:
                 "case it is what makes engines fail. Send it changed, or after Retry-After",
                 retry_after_s=max(1, round(until - now)))
 
-    def hold(self, request: GenerateRequest | EmbedRequest, breaks: int, where: str) -> RequestQuarantined:
-        """The error that ends `request` after `breaks` breaks, the last `where` (said in the log and the message);
-        the same request is refused at once for HOLD_S."""
+    def broke(self, request: GenerateRequest | EmbedRequest, breaks: int, where: str) -> int:
+        """`request`'s breaks with this one (`where`: said in the log and the message); at BREAKS_TO_HOLD, raises the
+        error that ends it, and the same request is refused at once for HOLD_S."""
+        breaks += 1
+        if breaks < BREAKS_TO_HOLD:
+            return breaks
         key = fingerprint(request)
         self._until.pop(key, None)
         self._until[key] = time.monotonic() + HOLD_S
@@ -74,7 +77,7 @@ class Quarantine:
         log.warning("request %s held back for %.0f s (fingerprint %s): %d engines broke with it inside before its "
                     "first output, the last %s; the same request is refused until then",
                     request.trace_id or request.request_id, HOLD_S, key[:12], breaks, where)
-        return RequestQuarantined(
+        raise RequestQuarantined(
             f"the engine failed {breaks} times with this request in it, before its first output (the last {where}); "
             f"it is not sent again, in case it is what makes engines fail, and the same request is refused for "
-            f"{HOLD_S:.0f} s", retry_after_s=HOLD_S)
+            f"{HOLD_S:.0f} s", retry_after_s=HOLD_S) from None

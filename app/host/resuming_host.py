@@ -25,7 +25,7 @@ from typing import Any
 
 from app.engine.client import ClientReading
 from app.engine.interface import Admitted, Embeddings, EmbedRequest, Engine, GenerateRequest, GenerationDelta
-from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
+from app.engine.quarantine import Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceUnavailable
 from app.host.engine_host import EngineHost
@@ -71,9 +71,7 @@ class ResumingHost(EngineHost):
                     raise Lost(err) from None
                 if answered or not broke:
                     raise
-                breaks += 1
-                if breaks == BREAKS_TO_HOLD:
-                    raise self.quarantine.hold(request, breaks, "on this replica's restarted engine") from None
+                breaks = self.quarantine.broke(request, breaks, "on this replica's restarted engine")
                 await self._serving_again(err, deadline, request.timeout_s)
                 attempt_request = replace(request, timeout_s=deadline - time.monotonic(),
                                           after_wedge=attempt_request.after_wedge or isinstance(err, EngineWedged))
@@ -93,9 +91,7 @@ class ResumingHost(EngineHost):
             except ServiceUnavailable as err:
                 if not self._broke(engine):
                     raise
-                breaks += 1
-                if breaks == BREAKS_TO_HOLD:
-                    raise self.quarantine.hold(request, breaks, "on this replica's restarted engine") from None
+                breaks = self.quarantine.broke(request, breaks, "on this replica's restarted engine")
                 await self._serving_again(err, deadline, request.timeout_s)
             attempt_request = replace(request, timeout_s=deadline - time.monotonic())
 

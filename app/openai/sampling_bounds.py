@@ -87,8 +87,8 @@ def cache_salt(salt: str | None) -> str | None:
     if not salt:
         raise InvalidRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
     if len(salt) > MAX_CACHE_SALT_CHARS or any(char in CACHE_SALT_FORBIDDEN for char in salt):
-        raise InvalidRequest("Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
-                             "'\\\\', or NUL.", param="cache_salt")
+        raise InvalidRequest(f"Parameter 'cache_salt' must be at most {MAX_CACHE_SALT_CHARS} characters and must not "
+                             "contain '@', '/', '\\\\', or NUL.", param="cache_salt")
     text_only("cache_salt", (salt,))
     return salt
 

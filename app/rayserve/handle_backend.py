@@ -44,7 +44,7 @@ from app.engine.interface import (
     GenerationDelta,
     PromptInput,
 )
-from app.engine.quarantine import BREAKS_TO_HOLD, Quarantine
+from app.engine.quarantine import Quarantine
 from app.engine.resumed_stream import Lost, resumed_stream
 from app.errors import EngineWedged, RequestTimeout, ServiceError, ServiceUnavailable
 from app.host.pauses import pausable
@@ -175,9 +175,7 @@ class HandleBackend:
                 if answered and isinstance(error, ServiceUnavailable):
                     raise Lost(error, refused_by or replica) from None
                 if not answered and broke_under(err):
-                    breaks += 1
-                    if breaks == BREAKS_TO_HOLD:
-                        raise self.quarantine.hold(sent_as, breaks, f"on replica {refused_by}") from None
+                    breaks = self.quarantine.broke(sent_as, breaks, f"on replica {refused_by}")
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
                 if answered or last or not worth_another_replica(error, avoid, self._loads()):
@@ -222,9 +220,8 @@ class HandleBackend:
             if isinstance(answer, Embeddings):
                 return answer
             error = cast(Refused, answer).error
-            breaks += answer.in_flight
-            if breaks == BREAKS_TO_HOLD:
-                raise self.quarantine.hold(request, breaks, f"on replica {answer.replica}")
+            if answer.in_flight:
+                breaks = self.quarantine.broke(request, breaks, f"on replica {answer.replica}")
             last = attempt == ATTEMPTS or time.monotonic() >= deadline
             avoid += (answer.replica,) if answer.replica else ()
             if last or not worth_another_replica(error, avoid, self._loads()):

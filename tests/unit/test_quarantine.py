@@ -19,7 +19,11 @@ def test_the_same_prompt_and_parameters_are_refused_until_the_hold_ends(monkeypa
     held, other = Quarantine(), make_request("fine")
     request = make_request("POISON", temperature=0.5)
     held.refuse_if_held(request)  # nothing held: nothing refused
-    error = held.hold(request, 2, "on replica r2")
+    assert held.broke(request, 0, "on replica r1") == 1
+    held.refuse_if_held(request)  # one break: not held
+    with pytest.raises(RequestQuarantined) as ended:
+        held.broke(request, 1, "on replica r2")
+    error = ended.value
     assert error.status == 503 and error.retry_after_s == HOLD_S and "the last on replica r2" in error.message
     resent = replace(request, request_id="another", trace_id="t", timeout_s=5.0)  # who and when do not count
     now[0] += HOLD_S / 2
@@ -37,7 +41,8 @@ def test_the_oldest_holds_are_forgotten_past_the_bound(monkeypatch):
     held = Quarantine()
     requests = [make_request(f"prompt {i}") for i in range(3)]
     for request in requests:
-        held.hold(request, 2, "here")
+        with pytest.raises(RequestQuarantined):
+            held.broke(request, 1, "here")
     held.refuse_if_held(requests[0])
     for request in requests[1:]:
         with pytest.raises(RequestQuarantined):

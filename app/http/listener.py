@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # full: at 3 KB/s of streamed tokens that took minutes. 64 KiB still carries tokens far faster than any model
 # produces them.
 SEND_BUFFER_BYTES = 64 * 1024
+BACKLOG = 2048  # uvicorn's default, which it passes to listen() again when it serves
 
 
 class CannotListen(RuntimeError):
@@ -70,6 +71,9 @@ class HttpListener:
 
     def start(self) -> None:
         sock = bind_socket(self.host, self.port, reuse_port=True)
+        # Listening now, not when the loop first runs the server: a client that connects in between (a probe, a
+        # test under load) waits in the backlog instead of being refused.
+        sock.listen(BACKLOG)
         s = self._service
         limits = ConnectionLimits(
             max_connections=s.max_connections,

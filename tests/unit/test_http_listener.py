@@ -52,6 +52,22 @@ async def test_serves_the_api_and_echoes_the_request_id(served):
     assert r.headers["x-request-id"] == "trace-7"
 
 
+async def test_a_connection_made_the_moment_the_listener_starts_is_served_not_refused():
+    stack = Stack(make_config(), FakeEngine(max_model_len=256))
+    port = _free_port()
+    listener = HttpListener(stack.app, "127.0.0.1", port)
+    listener.start()
+    try:
+        # Before the event loop has run the server at all: the connection waits in the socket's backlog.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = await asyncio.to_thread(conn.recv, 64)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    finally:
+        await listener.stop()
+        await stack.aclose()
+
+
 async def test_a_client_that_hangs_up_mid_stream_aborts_the_engine_request(served):
     stack, base, _ = served
     body = chat_body(stream=True, max_tokens=100, ignore_eos=True)

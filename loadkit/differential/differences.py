@@ -97,6 +97,13 @@ DIFFERENCES: list[Difference] = [
                lambda r, m: bool(_body(r).get("allowed_token_ids")) and bool(
                    _body(r).get("structured_outputs") or _body(r).get("response_format"))
                and m.path in ("status", "error.status") and m.service == 400),
+    # Only the status differs: vLLM's stream was nothing but an error event naming the parameter the 400 names.
+    Difference("refused_before_the_stream", True,
+               "a streamed request that vLLM's engine refuses once its server has answered 200 (an error event naming "
+               "the parameter: `allowed_token_ids: []` in a stream) is refused here with a 400 naming the same "
+               "parameter before the first byte (docs/api.md: a stream never starts with a 200 only to fail)",
+               lambda r, m: bool(_body(r).get("stream")) and m.path == "status" and m.vllm == 200
+               and m.service == 400),
     Difference("vllm_extra_fields", True,
                "vLLM's always-null extension fields (`routed_experts`, `service_tier`, `kv_transfer_params`, "
                "`ec_transfer_params`, `metrics`, "

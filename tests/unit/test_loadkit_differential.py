@@ -136,6 +136,9 @@ def test_a_known_difference_accounts_only_for_its_own_mismatches():
     assert [d.name for d in explaining(CHAT, [null_extra]) or []] == ["vllm_extra_fields"]
     assert explaining(CHAT, [null_extra, text]) is None
     assert explaining(CHAT, [Mismatch("body.choices[0].token_ids", [1], ABSENT)]) is None  # a value, not a null
+    streamed = Request("POST", "/v1/chat/completions", {"stream": True, "allowed_token_ids": []})
+    assert [d.name for d in explaining(streamed, [Mismatch("status", 200, 400)]) or []] == ["refused_before_the_stream"]
+    assert explaining(streamed, [Mismatch("status", 200, 400), text]) is None  # vLLM streamed an answer: a finding
 
 
 def test_every_curated_expectation_names_known_differences_and_the_set_covers_the_surface():

@@ -22,6 +22,10 @@ class TenantConfig(StrictModel):
     priority: Literal["interactive", "batch"] = Field(
         "interactive", description="'batch' waits behind every interactive request and is the first refused.")
 
+    share_prefix_cache: bool = Field(
+        False, description="Whether its prompts share the engines' prefix cache with the other tenants that share "
+        "it. false: its cached prompts are its own (vLLM's cache_salt), so no other tenant can tell by timing what it "
+        "sent; true: a system prompt common to tenants is computed once for them all.")
     max_concurrent: int | None = Field(None, ge=1, description="Requests in flight at once; more get "
                                        "`429 tenant_rate_limited`. Per ingress replica.")
     requests_per_minute: int | None = Field(None, ge=1, description="Requests let in over any 60 s; more get "

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,13 +37,13 @@ from app.openai.choice_shapes import ChatShape, CompletionShape
 from app.openai.completions import CompletionRequest
 from app.openai.responses_api import ResponsesRequest, responses_param, summary
 from app.openai.responses_events import ResponsesWriter
+from app.tenancy import cache_salt
 
 log = logging.getLogger("app.ingress")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client hung up first"; only the access log sees it
 # The OpenAPI document names both bodies a generation route answers with.
-_STREAMED: dict[int | str, dict[str, Any]] = {
-    200: {"content": {sse.MEDIA_TYPE: {}}, "description": "JSON, or server-sent events with `stream`"}
-}
+_STREAMED: dict[int | str, dict[str, Any]] = {200: {"content": {sse.MEDIA_TYPE: {}},
+                                                     "description": "JSON, or server-sent events with `stream`"}}
 
 router = APIRouter()
 # Builds the object that turns one request's engine output into its API's body or stream events, from the
@@ -184,7 +185,7 @@ async def _generate(
     streams = [state.capacity.track(model.id, backend.generate(r, client), tenant, reserved)  # full: refused here
                for r, reserved in zip(engine_requests, reservations, strict=True)]
     stream, admitted = await _admitted(streams, params.n)  # validation and admission errors: before the 200
-    writer = make_writer(request_id, model.id)
+    writer = make_writer(_answer_id(request, body, prefix) or request_id, model.id)
     writer.admitted(*admitted)
     if body.stream:
         return StreamingResponse(
@@ -201,11 +202,19 @@ async def _generate(
         await stream.aclose()
 
 
+def _answer_id(request: Request, body: ChatCompletionRequest | CompletionRequest, prefix: str) -> str | None:
+    """vLLM's id for a chat or completions answer the client named (its X-Request-Id, else the body's `request_id`);
+    the engine request keeps an id of its own, unique whatever is sent."""
+    given = request.state.request_id if "x-request-id" in request.headers else body.request_id
+    return f"{prefix}-{given}" if given and prefix != "resp" else None
+
+
 def _engine_requests(request: Request, body: ChatCompletionRequest | CompletionRequest, request_id: str,
                      prompts: list[PromptInput], params: GenerationParams) -> list[GenerateRequest]:
     """One engine request per prompt (a batch's each with its own id), with the client's targets and tenant."""
     targets = client_targets(request.headers, stream=bool(body.stream))
     session = session_hint(request.headers, body.session_id or body.prompt_cache_key)
+    params = replace(params, cache_salt=cache_salt(request.state.tenant, params.cache_salt))  # a tenant's own blocks
     return [GenerateRequest(request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}", prompt=prompt,
                             params=params, timeout_s=state_of(request).config.service.request_timeout_s,
                             want_prompt_text=isinstance(body, CompletionRequest) and body.echo,

@@ -68,6 +68,7 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     LOGPROBS_NEEDED: ClassVar[str] = "`logprobs` must be set to true."
+    SPECIAL_TOKENS: ClassVar[bool] = False  # vLLM's chat default: the chat template adds what the model needs
     response_format: ResponseFormat | None = None
     tools: list[ChatTool] | None = None
     # None: "auto" with tools, "none" without (vLLM's and OpenAI's defaults)

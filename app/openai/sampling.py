@@ -28,27 +28,14 @@ from app.openai.sampling_bounds import (
     token_ids,
 )
 from app.openai.structured_outputs import StructuredOutputs
+from app.openai.unserved_fields import refuse_unserved
 
-# Accepted and without effect (docs/api.md); vLLM's include_reasoning acts only through a reasoning parser (none here).
-IGNORED_PARAMETERS = ("user", "metadata", "store", "service_tier", "safety_identifier", "include_reasoning")
-
-
+MAX_REQUEST_ID_CHARS = 128  # as X-Request-Id is cut (http/gate.py): the id is repeated in every streamed chunk
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-# Known OpenAI parameters this service does not implement: a 400 that says so. (Chat takes tools; completions
-# know them only as unsupported.)
-UNSUPPORTED_PARAMETERS = (
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio", "modalities", "prediction",
-    "reasoning_effort",  # chat's is a field (app/openai/chat.py): this is completions'
-    "verbosity", "web_search_options", "best_of", "suffix",
-    # vLLM's for what is not run here: disaggregated prefill, custom logits processors, repeat detection, ...
-    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "repetition_detection", "chat_template", "documents",
-    "thinking_token_budget", "return_token_offsets", "return_prompt_text", "stream_interval", "mm_processor_kwargs",
-    "media_io_kwargs", "mm_payload", "return_mm_kwargs", "watermarking", "routed_experts_prompt_start",
-)
 
 
 class SamplingRequest(BoundedBody):
-    # Unknown fields are collected, then refused by name in `_refuse_unknown`.
+    # Unknown fields are collected, then refused by name in `_refuse_unknown` (app/openai/unserved_fields.py).
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None  # as vLLM: left out (or ""), the served model (app/http/ingress_state.py)
@@ -66,6 +53,9 @@ class SamplingRequest(BoundedBody):
     session_id: str | None = Field(None, description="vLLM extension: the conversation's id, a routing hint too.")
     cache_salt: str | None = Field(None, description="vLLM extension: prefix-cache blocks shared only with it.")
     ignore_eos: bool = Field(False, description="vLLM extension: keep generating past end-of-sequence (benchmarks).")
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, description=(
+        "vLLM extension: the answer's id after its prefix (`chatcmpl-`, `cmpl-`); an X-Request-Id header wins."))
+    add_special_tokens: bool | None = Field(None, description="vLLM extension: only its default (SPECIAL_TOKENS).")
     # vLLM's sampling and decoding extensions (the openai SDK sends them through `extra_body`), with vLLM's types
     # and defaults; see docs/api.md.
     top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K, description="vLLM extension: 0 or -1 for every token.")
@@ -107,6 +97,7 @@ class SamplingRequest(BoundedBody):
     length_penalty: float = Field(1.0, allow_inf_nan=False, description="vLLM extension: beam search's.")
     # vLLM's words when `logprob_token_ids` comes without logprobs (chat's `logprobs` is a flag, completions' a count).
     LOGPROBS_NEEDED: ClassVar[str] = "`logprobs` must be set."
+    SPECIAL_TOKENS: ClassVar[bool] = True  # vLLM's add_special_tokens default: completions' (chat's is false)
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
@@ -116,22 +107,12 @@ class SamplingRequest(BoundedBody):
 
     @model_validator(mode="after")
     def _refuse_unknown(self) -> SamplingRequest:
-        for name, value in (self.model_extra or {}).items():
-            if name in IGNORED_PARAMETERS:
-                continue
-            if name in UNSUPPORTED_PARAMETERS:
-                if (
-                    value in (None, [], {}, False)
-                    or (name == "tool_choice" and value == "none")
-                    or (name == "best_of" and value == 1)
-                    or (name == "modalities" and value == ["text"])  # the one modality there is
-                ):
-                    continue
-                raise UnsupportedParameter(
-                    f"'{name}' is not supported by this service; remove it from the request (see docs/api.md)",
-                    param=name,
-                )
-            raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
+        refuse_unserved(self.model_extra or {})
+        if self.add_special_tokens not in (None, self.SPECIAL_TOKENS):
+            raise UnsupportedParameter(
+                f"'add_special_tokens: {str(self.add_special_tokens).lower()}' is not supported: the prompt is "
+                f"tokenized {'with' if self.SPECIAL_TOKENS else 'as the chat template renders it, without'} the "
+                "tokenizer's special tokens (vLLM's default); leave it out", param="add_special_tokens")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
         return self

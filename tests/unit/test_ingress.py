@@ -522,6 +522,44 @@ async def test_request_id_on_errors(keyed):
     assert resp.headers["x-request-id"] == "denied-1"
 
 
+async def test_an_answer_is_named_as_vllm_names_it_the_header_before_the_body_s_request_id(client):
+    named = chat_body(request_id="order-7")
+    assert (await client.post("/v1/chat/completions", json=named)).json()["id"] == "chatcmpl-order-7"
+    headed = await client.post("/v1/chat/completions", json=named, headers={"X-Request-Id": "trace-9"})
+    assert headed.json()["id"] == "chatcmpl-trace-9"
+    completion = {"model": MODEL_ID, "prompt": "hi", "max_tokens": 3, "request_id": "c1", "stream": True}
+    chunks = events(await client.post("/v1/completions", json=completion))
+    assert {c["id"] for c in chunks if isinstance(c, dict)} == {"cmpl-c1"}
+    unnamed = (await client.post("/v1/chat/completions", json=chat_body())).json()["id"]
+    assert unnamed.startswith("chatcmpl-") and len(unnamed) > len("chatcmpl-")
+
+
+async def test_two_answers_named_alike_are_both_served_whole(client):
+    # The engine requests keep ids of their own: the same name twice at once is two requests, not one.
+    body = chat_body(request_id="same", max_tokens=8)
+    both = await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(2)))
+    assert [r.status_code for r in both] == [200, 200], [r.text for r in both]
+    assert [r.json()["id"] for r in both] == ["chatcmpl-same"] * 2
+    assert all(r.json()["choices"][0]["finish_reason"] for r in both)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", chat_body(request_id="x" * 129), "request_id"),
+    ("/v1/chat/completions", chat_body(request_id=""), "request_id"),
+    ("/v1/chat/completions", chat_body(add_special_tokens=True), "add_special_tokens"),
+    ("/v1/completions", {"model": MODEL_ID, "prompt": "hi", "add_special_tokens": False}, "add_special_tokens"),
+])
+async def test_a_request_id_or_special_tokens_not_served_are_refused_by_name(client, path, body, param):
+    assert error_of(await client.post(path, json=body), 400)["param"] == param
+
+
+async def test_vllm_s_default_add_special_tokens_is_served(client):
+    chat = await client.post("/v1/chat/completions", json=chat_body(add_special_tokens=False))
+    completion = await client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "hi", "max_tokens": 2,
+                                                              "add_special_tokens": True})
+    assert (chat.status_code, completion.status_code) == (200, 200), (chat.text, completion.text)
+
+
 # -- tokenize, health, stats -------------------------------------------------------------------
 
 async def test_tokenize_detokenize_round_trip(client):

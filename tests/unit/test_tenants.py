@@ -19,7 +19,7 @@ from app.host.admission import Admission, Targets
 from app.host.fair_queue import FairQueue
 from app.host.ticket import Ticket
 from app.http.tenant_limits import TenantLimits, prompt_token_bound
-from app.tenancy import Tenant, Tenants, key_tenant_name
+from app.tenancy import Tenant, Tenants, cache_salt, key_tenant_name
 from tests.support.fake_stack import MAX_MODEL_LEN, MODEL_ID, chat_body, config_dict
 from tests.support.waiting import until
 
@@ -38,8 +38,8 @@ def test_tenants_are_declared_with_keys_weight_and_priority():
     c = config(tenants=[{"name": "team-a", "api_keys": ["ka"], "weight": 3},
                         {"name": "nightly", "api_keys": [digest_of("kb")], "priority": "batch"}])
     tenants = Tenants(c.with_resolved_keys())
-    assert tenants.of(b"Bearer ka", "10.0.0.1") == Tenant("team-a", 3.0, False)
-    assert tenants.of(b"Bearer kb", "10.0.0.1") == Tenant("nightly", 1.0, True)
+    assert tenants.of(b"Bearer ka", "10.0.0.1") == Tenant("team-a", 3.0, False, own_cache=True)
+    assert tenants.of(b"Bearer kb", "10.0.0.1") == Tenant("nightly", 1.0, True, own_cache=True)
     assert tenants.of(b"Bearer kc", "10.0.0.1") is None  # keys configured: no key of theirs is a 401
     assert tenants.of(b"", None) is None
 
@@ -81,7 +81,7 @@ def test_an_environment_key_a_tenant_names_stays_that_tenant_s(monkeypatch):
     monkeypatch.setenv("APP_API_KEYS", "shared")
     resolved = config(tenants=[{"name": "t", "api_keys": ["shared"]}]).with_resolved_keys()
     assert resolved.service.api_keys == ()
-    assert Tenants(resolved).of(b"Bearer shared", None) == Tenant("t")
+    assert Tenants(resolved).of(b"Bearer shared", None) == Tenant("t", own_cache=True)
 
 
 # -- the fair queue ----------------------------------------------------------
@@ -301,9 +301,31 @@ async def test_the_tenant_of_the_key_reaches_the_replica_and_an_unknown_key_is_a
     stack, seen = tenant_stack(make_stack)
     r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("light"))
     assert r.status_code == 200, r.text
-    assert seen == [Tenant("light")]
+    assert seen == [Tenant("light", own_cache=True)]
     r = await stack.client.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=key("other"))
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+
+
+async def test_a_tenant_s_cached_prompts_are_its_own_unless_it_shares_them(make_stack):
+    data = config_dict()
+    data["service"] = {"enable_prompt_tokens_details": True}
+    data["tenants"] = [{"name": n, "api_keys": [f"k-{n}"], "share_prefix_cache": n.startswith("open")}
+                       for n in ("heavy", "light", "open-1", "open-2")]
+    stack = make_stack(parse_config(data))
+
+    async def cached(name: str, **extra) -> int:
+        body = chat_body("The same long system prompt, many blocks of it. " * 4, max_tokens=2, **extra)
+        r = await stack.client.post("/v1/chat/completions", json=body, headers=key(name))
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached("light") == 0
+    assert await cached("light") > 0  # its own repeat hits
+    assert await cached("heavy") == 0  # another tenant's timing tells it nothing of light's prompt
+    light_s = cache_salt(Tenant("light", own_cache=True), None)
+    assert light_s is not None and await cached("heavy", cache_salt=light_s) == 0  # nor does light's salt
+    assert await cached("heavy", cache_salt="s") == 0 and await cached("heavy", cache_salt="s") > 0
+    assert await cached("open-1") == 0 and await cached("open-2") > 0  # those sharing share
 
 
 async def test_a_tenant_filling_the_service_cannot_lock_another_out(make_stack):

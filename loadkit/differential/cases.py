@@ -183,6 +183,9 @@ CURATED: list[Case] = [
     # vLLM's cache_salt: served (the prefix cache keyed by it), and refused in vLLM's words when malformed
     Case("chat_cache_salt", chat(cache_salt="k" * 43), expect=EXTRAS),
     Case("cache_salt_slash", chat(cache_salt="a/b")),
+    # vLLM's request_id names the answer (ids are not compared: both serve it); add_special_tokens at its defaults
+    Case("chat_request_id", chat(request_id="order-7", add_special_tokens=False), expect=EXTRAS),
+    Case("completion_add_special_tokens", completion(add_special_tokens=True, request_id="c-1"), expect=EXTRAS),
     # return_tokens_as_token_ids names logprobs by id, but vLLM's prompt_logprobs keep the decoded text (seed 13)
     Case("prompt_logprobs_token_ids", completion(prompt_logprobs=1, logprobs=0, return_tokens_as_token_ids=True),
          expect=EXTRAS),

@@ -44,11 +44,12 @@ def engine_priority(tenant: Tenant, asked: int) -> int:
 
 def cache_salt(tenant: Tenant | None, salt: str | None) -> str | None:
     """The prefix-cache salt a request of `tenant` runs with, `salt` the client's own: led by the tenant's mark when it
-    keeps its cache to itself, so that no salt another tenant sends can reach its blocks."""
+    keeps its cache to itself. The mark holds a '/', which no client's salt may (vLLM's rule, openai/sampling_bounds),
+    so no salt any client sends is, or leads to, a tenant's."""
     if tenant is None or not tenant.own_cache:
         return salt
-    mark = "tenant-" + hashlib.sha256(tenant.name.encode()).hexdigest()[:16]
-    return mark if salt is None else f"{mark}.{salt}"
+    mark = "tenant/" + hashlib.sha256(tenant.name.encode()).hexdigest()[:16]
+    return mark if salt is None else f"{mark}/{salt}"
 
 
 def key_tenant_name(digest_hex: str) -> str:

@@ -323,7 +323,10 @@ async def test_a_tenant_s_cached_prompts_are_its_own_unless_it_shares_them(make_
     assert await cached("light") > 0  # its own repeat hits
     assert await cached("heavy") == 0  # another tenant's timing tells it nothing of light's prompt
     light_s = cache_salt(Tenant("light", own_cache=True), None)
-    assert light_s is not None and await cached("heavy", cache_salt=light_s) == 0  # nor does light's salt
+    for name in ("heavy", "open-1"):  # nor can anyone send light's salt, or one that leads to it
+        for salt in (light_s, f"{light_s}/x"):
+            r = await stack.client.post("/v1/chat/completions", json=chat_body(cache_salt=salt), headers=key(name))
+            assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", r.text
     assert await cached("heavy", cache_salt="s") == 0 and await cached("heavy", cache_salt="s") > 0
     assert await cached("open-1") == 0 and await cached("open-2") > 0  # those sharing share
 

@@ -192,6 +192,9 @@ class RequestQuarantined(ServiceError):
     type = "service_unavailable"
     code = "request_quarantined"
 
+    def headers(self) -> dict[str, str]:  # the openai SDKs' own retry would be refused at once
+        return {**super().headers(), "x-should-retry": "false"}
+
 
 class RequestTimeout(ServiceError):
     status = 504

@@ -1,9 +1,8 @@
 """The Engine interface and the neutral types that cross it: the one seam between serving and inference.
 
-`EngineHost` (host/engine_host.py) talks to an engine only through `Engine`, which it is given by its constructor;
-`VLLMEngine` (engine/vllm/engine.py) and `FakeEngine` (engine/fake.py) both implement it, and
-`rayserve.replicas.make_engine` picks one. The request types (`PromptInput`, `GenerateRequest`, `Admitted`) and the
-output types here are all that crosses this seam and the Ray handle: no vLLM, FastAPI or OpenAI wire types.
+`EngineHost` (host/engine_host.py) talks to an engine only through `Engine`, given by its constructor (`VLLMEngine`,
+`FakeEngine`; `rayserve.replicas.make_engine` picks one). The request and output types here are all that crosses
+this seam and the Ray handle: no vLLM, FastAPI or OpenAI wire types.
 """
 
 from __future__ import annotations
@@ -113,14 +112,15 @@ class GenerateRequest:
     ttft_target_s: float | None = None
     finish_target_s: float | None = None
     # A continuation (app/engine/continuation.py): its prompt's last `resumed_tokens` ids are output being resumed
-    # (counted against the context, not the prompt limit; no first-token target).
+    # (counted against the context, not the prompt limit; no first-token target). `breaks`: the engines that broke
+    # with its request inside so far (engine/quarantine.py).
     continuation: bool = False
     resumed_tokens: int = 0
+    breaks: int = 0
     after_wedge: bool = False  # it waited on an engine declared wedged: more time here (app/host/progress_watch.py)
     session_id: str = ""  # the client's X-Session-Id: a hint to the fleet router (app/routing/), never a pin
     tenant: Tenant = Tenant()  # who sent it (app/tenancy.py): its share of the replica's admission
-    # The sender counts this request as demand if it is refused by time (an autoscaled model's ingress, which knows
-    # whether another replica then took it: rayserve/unmet_demand.py); the replica then does not.
+    # Counted as demand by its sender if refused by time (rayserve/unmet_demand.py); the replica then does not.
     demand_at_sender: bool = False
 
 

@@ -1,4 +1,4 @@
-"""Requests held back after engines broke with them inside, before their first output.
+"""Requests held back after engines broke with them inside, the last time before any output of theirs there.
 
 An engine that dies or wedges under a request that has had no answer yet looks like the engine's failure, so the
 request is sent again: to another replica (rayserve/handle_backend.py) or to the engine restarted in place
@@ -11,13 +11,21 @@ the same request (prompt and parameters, whoever sends it) is refused at once fo
 happened to wait beside it through both breaks is held too: two breaks in a row under one request are rare enough
 that holding it costs less than a third break.
 
+A request that breaks engines only after its first output (a kernel that fails at some length of context) counts
+too: the engine broke under it once, and its continuation (engine/resumed_stream.py, which carries the count in
+`GenerateRequest.breaks`) then breaks one before its first output there, as a continuation of it does when the
+failure is at the same place. The client's answer then ends with the 503 (a stream's error event after what it had),
+and the whole request is held as well as the continuation.
+
 Counted per request, not per prompt: a load of identical requests (a benchmark's one prompt) lives through engine
 kills as before, each of its requests having seen at most one break before its first output; only the request that
 itself saw two is held (it and any copy of it: the SDK's retries of its 503 are refused at once).
 
 Usage contract: a sender calls `refuse_if_held(request)` before it sends a request, and `breaks = broke(request,
-breaks, where)` (starting from 0) each time an engine broke with the request inside before any answer: it raises the
-request's `RequestQuarantined` at the `BREAKS_TO_HOLD`th. Nothing is computed per request while nothing is held.
+breaks, where)` (starting from `request.breaks`, 0 but for a continuation) each time an engine broke with the request
+inside before any answer: it raises the request's `RequestQuarantined` at the `BREAKS_TO_HOLD`th; `hold(request)`
+holds another form of it (the whole request a continuation came from). Nothing is computed per request while nothing
+is held.
 """
 
 from __future__ import annotations
@@ -63,21 +71,26 @@ class Quarantine:
                 "case it is what makes engines fail. Send it changed, or after Retry-After",
                 retry_after_s=max(1, round(until - now)))
 
+    def hold(self, request: GenerateRequest | EmbedRequest) -> str:
+        """Refuses the same request for HOLD_S from now; its fingerprint."""
+        key = fingerprint(request)
+        self._until.pop(key, None)
+        self._until[key] = time.monotonic() + HOLD_S
+        while len(self._until) > MAX_HELD:
+            self._until.popitem(last=False)
+        return key
+
     def broke(self, request: GenerateRequest | EmbedRequest, breaks: int, where: str) -> int:
         """`request`'s breaks with this one (`where`: said in the log and the message); at BREAKS_TO_HOLD, raises the
         error that ends it, and the same request is refused at once for HOLD_S."""
         breaks += 1
         if breaks < BREAKS_TO_HOLD:
             return breaks
-        key = fingerprint(request)
-        self._until.pop(key, None)
-        self._until[key] = time.monotonic() + HOLD_S
-        while len(self._until) > MAX_HELD:
-            self._until.popitem(last=False)
-        log.warning("request %s held back for %.0f s (fingerprint %s): %d engines broke with it inside before its "
-                    "first output, the last %s; the same request is refused until then",
+        key = self.hold(request)
+        log.warning("request %s held back for %.0f s (fingerprint %s): %d engines broke with it inside, the last %s "
+                    "before its first output there; the same request is refused until then",
                     request.trace_id or request.request_id, HOLD_S, key[:12], breaks, where)
         raise RequestQuarantined(
-            f"the engine failed {breaks} times with this request in it, before its first output (the last {where}); "
-            f"it is not sent again, in case it is what makes engines fail, and the same request is refused for "
-            f"{HOLD_S:.0f} s", retry_after_s=HOLD_S) from None
+            f"the engine failed {breaks} times with this request in it, the last {where} before its first output "
+            f"there; it is not sent again, in case it is what makes engines fail, and the same request is refused "
+            f"for {HOLD_S:.0f} s", retry_after_s=HOLD_S) from None

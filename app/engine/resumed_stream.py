@@ -9,7 +9,8 @@ engine is asked for the token ids a resume needs; stop strings are matched there
 choice continues on a stream of its own (`Continuation.resume`), once `wait` has returned: the caller's wait for
 somewhere to go on (`refused`: the last try was refused before answering), which raises when there is none by the
 request's deadline. A choice is continued at most `ATTEMPTS` times, refusals included, and the client's stream is
-the merge of them: one unbroken answer.
+the merge of them: one unbroken answer. A continuation carries the engine breaks its request was in (`Lost.breaks`),
+so one that breaks its next engine before answering there is held back (engine/quarantine.py), and so is its request.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
 from app.engine.continuation import Continuation
 from app.engine.interface import Admitted, ChoiceDelta, GenerateRequest, GenerationDelta
 from app.engine.merged_streams import merged
-from app.errors import RequestTimeout, ServiceUnavailable
+from app.engine.quarantine import Quarantine
+from app.errors import RequestQuarantined, RequestTimeout, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 3  # continuations of one choice, refused ones included
@@ -35,17 +38,19 @@ Wait = Callable[[ServiceUnavailable, float, float, bool], Awaitable[None]]  # (f
 
 class Lost(Exception):
     """A stream that had answered ended with a retryable `ServiceUnavailable`: its replica or engine died,
-    wedged or was stopped under it. `replica`: that replica's id where known."""
+    wedged or was stopped under it. `replica`: that replica's id where known; `breaks`: the engines that broke with
+    the request inside, this one included (engine/quarantine.py: its continuations carry the count)."""
 
-    def __init__(self, error: ServiceUnavailable, replica: str = ""):
+    def __init__(self, error: ServiceUnavailable, replica: str = "", breaks: int = 0):
         super().__init__(error)
-        self.error, self.replica = error, replica
+        self.error, self.replica, self.breaks = error, replica, breaks
 
 
 async def resumed_stream(request: GenerateRequest, attempts: Attempts, wait: Wait, migrated: Counter[str],
-                         where: str) -> AsyncGenerator[Any, None]:
+                         where: str, quarantine: Quarantine) -> AsyncGenerator[Any, None]:
     """`request`'s stream, each choice continued `where` (said in logs and errors) when its engine fails after
-    answering; `migrated` counts the continuations ("resumed") and the requests that cannot ("unresumable")."""
+    answering; `migrated` counts the continuations ("resumed") and the requests that cannot ("unresumable"); a
+    continuation held back by `quarantine` holds `request` too."""
     deadline = time.monotonic() + request.timeout_s
     progress = Continuation(request)
     try:
@@ -69,9 +74,13 @@ async def resumed_stream(request: GenerateRequest, attempts: Attempts, wait: Wai
         raise ServiceUnavailable(f"{failure.error} (this request cannot continue {where}: {why_not})",
                                  retry_after_s=failure.error.retry_after_s) from None
     streams = [_choice(progress, i, deadline, failure, attempts, wait, migrated, where) for i in progress.unfinished()]
-    async with aclosing(merged(streams)) as choices:
-        async for item in choices:
-            yield item
+    try:
+        async with aclosing(merged(streams)) as choices:
+            async for item in choices:
+                yield item
+    except RequestQuarantined:
+        quarantine.hold(progress.for_engine())  # the whole request as first sent: a retry of it is refused at once
+        raise
 
 
 async def _choice(progress: Continuation, index: int, deadline: float, failure: Lost, attempts: Attempts,
@@ -89,7 +98,7 @@ async def _choice(progress: Continuation, index: int, deadline: float, failure: 
             return
         await wait(failure.error, deadline, request.timeout_s, refused)
         try:
-            resumed = progress.resume(index, deadline - time.monotonic())
+            resumed = replace(progress.resume(index, deadline - time.monotonic()), breaks=failure.breaks)
             async with aclosing(attempts(resumed, failure.replica)) as stream:
                 async for item in stream:
                     if isinstance(item, Admitted):  # taken: counted once per engine that took the choice
@@ -107,7 +116,7 @@ async def _choice(progress: Continuation, index: int, deadline: float, failure: 
         except Lost as lost:
             failure, refused = lost, False
         except ServiceUnavailable as err:  # no engine took it (each restarting or starting): wait, and try again
-            failure, refused = Lost(err, failure.replica), True
+            failure, refused = Lost(err, failure.replica, failure.breaks), True
     raise failure.error
 
 

@@ -46,7 +46,7 @@ class ResumingHost(EngineHost):
     def generate(self, request: GenerateRequest, client: ClientReading | None = None
                  ) -> AsyncGenerator[Admitted | GenerationDelta, None]:
         return resumed_stream(request, lambda attempt, _failed_on: self._attempts(attempt, client),
-                              self._serving_again, self.migrated, "on its restarted engine")
+                              self._serving_again, self.migrated, "on its restarted engine", self.quarantine)
 
     async def _attempts(self, request: GenerateRequest, client: ClientReading | None) -> AsyncGenerator[Any, None]:
         """The request on this host's engine, sent again once the engine serves again when it broke before any
@@ -55,7 +55,7 @@ class ResumingHost(EngineHost):
         refused as `EngineHost` refuses it."""
         deadline = time.monotonic() + request.timeout_s
         self.quarantine.refuse_if_held(request)
-        attempt_request, breaks = request, 0
+        attempt_request, breaks = request, request.breaks
         while True:
             engine, answered = self.supervisor.serving_engine(), False
             try:
@@ -68,7 +68,7 @@ class ResumingHost(EngineHost):
             except ServiceUnavailable as err:
                 broke = self._broke(engine)
                 if answered and broke:
-                    raise Lost(err) from None
+                    raise Lost(err, breaks=breaks + 1) from None
                 if answered or not broke:
                     raise
                 breaks = self.quarantine.broke(request, breaks, "on this replica's restarted engine")

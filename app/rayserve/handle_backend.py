@@ -97,7 +97,7 @@ class HandleBackend:
 
     def _generate(self, request: GenerateRequest) -> AsyncGenerator[Any, None]:
         return resumed_stream(request, self._attempts, self._until_a_replica_serves, self.migrated,
-                              "on another replica")
+                              "on another replica", self.quarantine)
 
     async def _until_a_replica_serves(self, failure: ServiceUnavailable, deadline: float, timeout_s: float,
                                       refused: bool) -> None:
@@ -141,7 +141,7 @@ class HandleBackend:
         that fails retryably after answering raises `Lost`."""
         started = time.monotonic()
         self.quarantine.refuse_if_held(request)
-        sent_as, breaks = request, 0  # as sent (what is held back: a wedge's retry changes `request`); engines broken
+        sent_as, breaks = request, request.breaks  # as sent (held back so: a wedge's retry changes it); engines broken
         avoid: tuple[str, ...] = (avoid_first,) if avoid_first else ()
         replica, prompt_tokens = "", 0
         request = replace(request, demand_at_sender=True) if self.unmet is not None else request  # counted here
@@ -173,7 +173,7 @@ class HandleBackend:
                 refused_by = err.refused.replica if isinstance(err, RefusedBy) else ""
                 error = translate(err.refused.error if isinstance(err, RefusedBy) else err)
                 if answered and isinstance(error, ServiceUnavailable):
-                    raise Lost(error, refused_by or replica) from None
+                    raise Lost(error, refused_by or replica, breaks + broke_under(err)) from None
                 if not answered and broke_under(err):
                     breaks = self.quarantine.broke(sent_as, breaks, f"on replica {refused_by}")
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s

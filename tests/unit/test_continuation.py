@@ -5,12 +5,14 @@ still allowed; requests whose state stays with the replica end with the retryabl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from ray.exceptions import ActorDiedError
 
 from app.engine.continuation import Continuation
 from app.engine.interface import Admitted, ChoiceDelta, GenerationDelta
-from app.errors import RequestTimeout, ServiceUnavailable
+from app.errors import RequestQuarantined, RequestTimeout, ServiceUnavailable
 from app.rayserve.handle_backend import ATTEMPTS, HandleBackend, Refused
 from tests.support.fake_stack import make_request
 from tests.support.stand_in_handle import StandInHandle, StandInResponse
@@ -316,3 +318,32 @@ async def test_a_lone_replica_restarting_its_engine_is_waited_for_and_the_choice
     assert text_of(items) == "<1><2><3>" and items[-1].choices[0].finish_reason == "length"
     assert len(polls) > 20 and len(handle.calls) == 2 + ATTEMPTS  # waited, and tried again only once it served
     assert backend.migrated == {"resumed": 1}  # the one engine that took the choice
+
+
+async def test_a_request_whose_engine_broke_after_answering_and_again_before_its_continuation_answered_is_held():
+    """engine/quarantine.py: a break after the first output counts, carried by the continuation; its second break
+    ends the request (no third replica) and holds the whole request, so that a retry of it is refused at once."""
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+    request = make_request("POISON", max_tokens=5)
+    handle = StandInHandle(responses=[
+        StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True), Refused(broke, "r1", in_flight=True)]),
+        StandInResponse([Refused(broke, "r2", in_flight=True)]),
+        StandInResponse([Admitted(4, replica="r3"), delta(0, (2, 3, 4, 5), "length", first=True)])])
+    backend, items = HandleBackend(handle), []
+    with pytest.raises(RequestQuarantined, match="failed 2 times"):
+        async for item in backend.generate(request):
+            items.append(item)
+    assert text_of(items) == "<1>" and len(handle.calls) == 2  # what the client had, then the error; no third
+    with pytest.raises(RequestQuarantined, match="held back"):
+        await collect(backend, replace(request, request_id="again"))
+    assert len(handle.calls) == 2
+
+
+async def test_a_replica_that_died_under_an_answer_is_no_break_of_its_request():
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+    handle = StandInHandle(responses=[
+        StandInResponse([Admitted(3, replica="r1"), delta(0, (1,), first=True)], fail=ActorDiedError()),
+        StandInResponse([Refused(broke, "r2", in_flight=True)]),
+        StandInResponse([Admitted(4, replica="r3"), delta(0, (2, 3, 4, 5), "length", first=True)])])
+    items = await collect(HandleBackend(handle), make_request("a node lost", max_tokens=5))
+    assert text_of(items) == "<1><2><3><4><5>" and len(handle.calls) == 3

@@ -14,6 +14,7 @@ from app.errors import (
     QueueFull,
     QueueFullUnavailable,
     QueueTimeout,
+    RequestQuarantined,
     RequestTimeout,
     ServiceError,
     ServiceUnavailable,
@@ -61,9 +62,11 @@ def test_retry_after_header(retry_after, header):
     assert QueueFull("full", retry_after_s=retry_after).headers() == {"Retry-After": header}
 
 
-def test_only_a_refusal_by_time_tells_the_sdk_not_to_retry():
-    """The SDK's own retry cannot meet a first-token target already predicted missed; a full queue is transient."""
+def test_a_refusal_by_time_or_of_a_held_request_tells_the_sdk_not_to_retry():
+    """The SDK's own retry cannot meet a first-token target already predicted missed, and a held request's would be
+    refused at once (engine/quarantine.py); a full queue is transient."""
     assert OverTimeTarget("late", retry_after_s=7).headers() == {"Retry-After": "7", "x-should-retry": "false"}
+    assert RequestQuarantined("held", retry_after_s=600).headers() == {"Retry-After": "600", "x-should-retry": "false"}
     assert "x-should-retry" not in QueueFull("full", retry_after_s=7).headers()
 
 

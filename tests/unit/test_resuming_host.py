@@ -170,6 +170,39 @@ async def test_a_request_that_breaks_the_engine_twice_before_its_first_output_is
     assert finishes == {0: "length"} and len(texts[0].split()) == 4  # others are served meanwhile
 
 
+POISON_LATER = "POISON later"
+
+
+class PoisonedLater(FakeEngine):
+    """Dies when a prompt starting with POISON has had 3 outputs, and at once when its continuation (the prompt and
+    its output so far) arrives: a request some kernel crashes on only at some length of context."""
+
+    async def generate(self, request_id, prompt_token_ids, params):
+        poisoned = list(prompt_token_ids[:6]) == list(b"POISON")
+        if poisoned and len(prompt_token_ids) > len(POISON_LATER):
+            self.kill()
+        produced = 0
+        async for delta in super().generate(request_id, prompt_token_ids, params):
+            yield delta
+            produced += 1
+            if poisoned and produced == 3:
+                self.kill()
+
+
+async def test_a_request_that_breaks_the_engine_after_its_first_output_and_again_continued_is_held_back():
+    host = ResumingHost(make_config().models[0], PoisonedLater(), ServiceConfig(), engine_factory=PoisonedLater)
+    poison = make_request(POISON_LATER, max_tokens=8)
+    with pytest.raises(RequestQuarantined, match="failed 2 times"):
+        await asyncio.wait_for(_answer(host, poison), 30)
+    await until(lambda: host.supervisor.state is EngineState.SERVING, what="the second restart done")
+    assert host.supervisor.restarts_total == 2  # not a third: that one would have left the replica to Serve
+    with pytest.raises(RequestQuarantined, match="held back"):  # the whole request sent again: refused at once
+        await _answer(host, replace(poison, request_id="again"))
+    assert host.supervisor.restarts_total == 2
+    texts, finishes, _ = await asyncio.wait_for(_answer(host, make_request("a fine one", max_tokens=4)), 30)
+    assert finishes == {0: "length"} and len(texts[0].split()) == 4
+
+
 async def test_identical_requests_in_one_break_count_it_once_and_both_go_on():
     gate = threading.Event()
     host = ResumingHost(make_config().models[0], FakeEngine(prefill_s_per_token=0.02), ServiceConfig(),

@@ -9,7 +9,9 @@ A request that nothing has come back for yet is retried on another replica when 
 reason another replica may not have (full, over its time target, engine dead, starting, wedged or draining) or dies
 under it: up to `ATTEMPTS` replicas, each told which replicas to avoid (`rayserve/request_router.py` reads that),
 within the request's remaining time, and a full one only while some replica known has not refused it. The client
-hears the last refusal only when every attempt was refused.
+hears the last refusal only when every attempt was refused. One whose engine broke with it inside, with no other
+replica serving (a lone replica restarting that engine in place), waits for a replica to serve again and is sent
+again there (a second break holds it back: app/engine/quarantine.py).
 
 With fleet routing (`routing`: app/routing/), each attempt is ranked over the replicas first: the replica predicted
 to give the first token soonest (its queue, and the prefill of what its prefix cache does not hold) is offered first,
@@ -112,6 +114,18 @@ class HandleBackend:
                                      f"served, after: {failure}")
             await asyncio.sleep(WAIT_POLL_S)
 
+    async def _waited_for_a_replica(self, error: BaseException, avoid: tuple[str, ...], deadline: float,
+                                    timeout_s: float) -> bool:
+        """After an engine broke with a request in it: when no replica but those `avoid`ed serves (a lone replica
+        restarting that engine in place), waits for one to serve again, as the replica that serves HTTP itself waits
+        for its own (host/resuming_host.py), and says so; the request is then sent again, its breaks counted."""
+        if not isinstance(error, ServiceUnavailable) or any(
+                load.serving for r, load in self._loads().items() if r not in avoid):
+            return False
+        log.info("no other replica serves: waiting for one to serve again (%s)", error)
+        await self._until_a_replica_serves(error, deadline, timeout_s, True)
+        return True
+
     async def _route(self, request: GenerateRequest, prompt_ids: list[int] | None,
                      avoid: tuple[str, ...]) -> Decision | None:
         """The fleet router's ranking for this attempt (None: no routing, or no replica known yet); raises its
@@ -185,6 +199,9 @@ class HandleBackend:
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)
+                if broke_under(err) and await self._waited_for_a_replica(error, avoid, started + request.timeout_s,
+                                                                         request.timeout_s):
+                    avoid = ()  # the replica serving again may be the one it broke on
             finally:
                 if self.routing is not None and decision is not None:  # the router hears how it ended, once
                     (self.routing.router.finished if first_output else self.routing.router.ended)(decision)
@@ -227,13 +244,9 @@ class HandleBackend:
             if last or not worth_another_replica(error, avoid, self._loads()):
                 raise error
             self.retried[error.code or type(error).__name__] += 1
-            serving_elsewhere = any(load.serving for r, load in self._loads().items() if r not in avoid)
-            wait = answer.in_flight and isinstance(error, ServiceUnavailable) and not serving_elsewhere
-            log.info("request %s refused by replica %s (%s); %s (attempt %d of %d)", request.trace_id or
-                     request.request_id, answer.replica or "?", error, "sending it again once a replica serves" if wait
-                     else "trying another replica", attempt + 1, ATTEMPTS)
-            if wait:
-                await self._until_a_replica_serves(cast(ServiceUnavailable, error), deadline, request.timeout_s, True)
+            log.info("request %s refused by replica %s (%s); trying again (attempt %d of %d)", request.trace_id or
+                     request.request_id, answer.replica or "?", error, attempt + 1, ATTEMPTS)
+            if answer.in_flight and await self._waited_for_a_replica(error, avoid, deadline, request.timeout_s):
                 avoid = ()  # the replica serving again may be the one it broke on
         raise AssertionError("unreachable: the last attempt raises")
 

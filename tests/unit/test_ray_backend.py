@@ -174,6 +174,34 @@ async def test_a_lone_replica_whose_engine_is_down_is_still_tried_again():
     assert [item async for item in backend.generate(make_request("hello"))] == ITEMS  # it may be back by then
 
 
+async def test_a_request_whose_lone_replica_s_engine_broke_under_it_waits_for_it_and_a_second_break_holds_it(
+        monkeypatch):
+    """Behind the ingress tier with one replica: as the replica that serves HTTP itself (host/resuming_host.py), the
+    ingress waits for the engine restarted in place and sends the request again, instead of a 503 whose retries the
+    count per request would not link; a second break there holds it back (engine/quarantine.py)."""
+    from app.rayserve import handle_backend
+
+    monkeypatch.setattr(handle_backend, "REFUSED_PAUSE_S", 0.0)
+    monkeypatch.setattr(handle_backend, "WAIT_POLL_S", 0.001)
+    broke = ServiceUnavailable("the engine failed while serving this request", retry_after_s=5)
+    handle = StandInHandle(responses=[StandInResponse([Refused(broke, "r1", in_flight=True)]), StandInResponse(ITEMS),
+                                      StandInResponse([Refused(broke, "r1", in_flight=True)]),
+                                      StandInResponse([Refused(broke, "r1", in_flight=True)])])
+    backend, polls = HandleBackend(handle), []
+
+    def loads() -> dict[str, ReplicaLoad]:
+        polls.append(len(handle.calls))
+        return {"r1": ReplicaLoad(serving=len(polls) % 30 > 20)}  # restarting for 20 looks of every 30
+
+    backend._loads = loads  # type: ignore[method-assign]
+    assert [item async for item in backend.generate(make_request("hello"))] == ITEMS
+    assert set(polls[:20]) == {1} and [avoid for _, (_, avoid) in handle.calls] == [(), ()]  # r1 again, once back
+    with pytest.raises(RequestQuarantined, match="failed 2 times"):
+        async for _ in backend.generate(make_request("POISON")):
+            pass
+    assert len(handle.calls) == 4
+
+
 async def test_a_replica_the_router_learned_of_after_the_refusal_is_tried():
     handle = StandInHandle(responses=[StandInResponse([Refused(QueueFull("full", retry_after_s=1), "r1")]),
                                       StandInResponse(ITEMS)])

@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.config.model import LimitsConfig
 from app.engine.interface import GenerationParams, PromptInput
@@ -22,7 +22,7 @@ from app.openai.chat_messages import (
 from app.openai.sampling import (
     SamplingRequest,
 )
-from app.openai.structured_outputs import checked_schema
+from app.openai.structured_outputs import ResponseFormat, response_format_params
 from app.openai.tool_calls import forced_schema
 
 # vLLM's values of OpenAI's `reasoning_effort`.
@@ -34,31 +34,6 @@ RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "conversation", "tools", "d
                                          "continue_final_message", "tokenize", "return_dict", "chat_template",
                                          "tokenizer", "return_tensors", "padding", "truncation", "max_length",
                                          "return_assistant_tokens_mask", "tokenizer_kwargs"})
-
-
-class JsonSchemaSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(..., min_length=1, max_length=64)
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    strict: bool | None = None
-    description: str | None = None
-
-    @field_validator("schema_")
-    @classmethod
-    def _checked_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        return checked_schema(schema)
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-    @model_validator(mode="after")
-    def _schema_present(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("type 'json_schema' needs a 'json_schema' object")
-        return self
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -238,23 +213,7 @@ class ChatCompletionRequest(SamplingRequest):
         )
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
-        fmt = self.response_format
-        structured: dict[str, Any] = {}
-        if fmt is not None and fmt.type != "text":
-            so = self.structured_outputs
-            if so is not None and (so.regex is not None or so.choice is not None or so.grammar is not None):
-                raise InvalidRequest(  # vLLM: response_format overrides, and two kinds of constraint are refused
-                    "You can only use one kind of structured outputs constraint; 'response_format' and "
-                    "'structured_outputs' ask for two",
-                    param="structured_outputs",
-                )
-            structured = {
-                "json_object": fmt.type == "json_object",
-                "json_schema": (fmt.json_schema.schema_ or {}) if fmt.type == "json_schema" and fmt.json_schema
-                else None,
-                "json_schema_param": "response_format",
-                "regex": None, "choice": None, "grammar": None,
-            }
+        structured = response_format_params(self.response_format, self.structured_outputs)
         if self.structured_outputs is not None and self.forced_tool_choice is not None:
             raise InvalidRequest("You can only either use structured outputs or tools, not both.",  # vLLM's
                                  param="structured_outputs")

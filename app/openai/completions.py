@@ -1,5 +1,5 @@
 """`POST /v1/completions` on the wire: a prompt or a batch of prompts (strings or token ids), converted into the
-engine's prompts and `GenerationParams`."""
+engine's prompts and `GenerationParams` (with chat's `response_format`, as vLLM takes it here)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.sampling import (
     SamplingRequest,
 )
+from app.openai.structured_outputs import ResponseFormat, response_format_params
 
 # A completions batch (vLLM: unbounded): each prompt is an engine request of its own, admitted like any other.
 MAX_BATCH_PROMPTS = 32
@@ -34,6 +35,7 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = None  # at least 1, or 0 with `echo` (to_params: vLLM's rule and words)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
+    response_format: ResponseFormat | None = None  # vLLM takes chat's here too
 
     @model_validator(mode="before")
     @classmethod
@@ -109,7 +111,8 @@ class CompletionRequest(SamplingRequest):
             raise InvalidRequest("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because "
                                  "no output tokens are generated.", param="logprob_token_ids")
         max_tokens = 1 if self.echo_only else self.max_tokens  # vLLM's: one token, generated and not shown
-        params = self._params(limits, max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs")
+        params = self._params(limits, max_tokens, "max_tokens", logprobs=self.logprobs, logprobs_name="logprobs",
+                              **response_format_params(self.response_format, self.structured_outputs))
         if self.echo_logprobs and self.prompt_logprobs is None:
             # vLLM's: `echo` with `logprobs` scores the echoed prompt too, with as many alternatives (streamed too).
             params = replace(params, prompt_logprobs=self.logprobs)

@@ -5,7 +5,7 @@ as this service bounds every per-request artefact the engine compiles (docs/api.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -104,3 +104,46 @@ class StructuredOutputs(BaseModel):
             "choice": tuple(self.choice) if self.choice is not None else None,
             "grammar": self.grammar,
         }
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _checked_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        return checked_schema(schema)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+def response_format_params(fmt: ResponseFormat | None, structured: StructuredOutputs | None) -> dict[str, Any]:
+    """`GenerationParams` fields for OpenAI's `response_format` on chat and completions, by vLLM's rule: it takes the
+    place of `structured_outputs`' JSON constraint, and with a regex, choice or grammar there two kinds are refused;
+    none for `text`."""
+    if fmt is None or fmt.type == "text":
+        return {}
+    if structured is not None and (structured.regex is not None or structured.choice is not None
+                                   or structured.grammar is not None):
+        raise InvalidRequest("You can only use one kind of structured outputs constraint; 'response_format' and "
+                             "'structured_outputs' ask for two", param="structured_outputs")
+    return {
+        "json_object": fmt.type == "json_object",
+        "json_schema": (fmt.json_schema.schema_ or {}) if fmt.type == "json_schema" and fmt.json_schema else None,
+        "json_schema_param": "response_format",
+        "regex": None, "choice": None, "grammar": None,
+    }

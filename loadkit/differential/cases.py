@@ -130,6 +130,9 @@ CURATED: list[Case] = [
     Case("response_format_json_schema", chat(response_format={"type": "json_schema", "json_schema": {
         "name": "a", "schema": {"type": "object", "properties": {"capital": {"type": "string"}}}}}, max_tokens=20),
          expect=EXTRAS),
+    Case("completion_response_format_json_schema", completion(response_format={"type": "json_schema", "json_schema": {
+        "name": "a", "schema": {"type": "object", "properties": {"capital": {"type": "string"}}}}}, max_tokens=20),
+         expect=EXTRAS),
     Case("priority", chat(priority=0), expect=EXTRAS),
     # issue 26: the logprobs of named token ids; beam search (2 wide: the peer's max_logprobs is the config's 5)
     Case("chat_logprob_token_ids", chat(logprobs=True, logprob_token_ids=[7042, 504], max_tokens=4), expect=EXTRAS),

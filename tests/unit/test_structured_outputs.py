@@ -53,14 +53,28 @@ async def test_a_bad_constraint_is_a_400_naming_structured_outputs(client, const
     assert error["param"] is not None and error["param"].startswith("structured_outputs"), error
 
 
-def test_response_format_replaces_a_json_constraint_and_conflicts_with_any_other():
+@pytest.mark.parametrize("model, body", [(ChatCompletionRequest, chat_body()),
+                                         (CompletionRequest, {"model": MODEL_ID, "prompt": "Hi"})],
+                         ids=["chat", "completions"])  # vLLM takes chat's response_format on completions too
+def test_response_format_replaces_a_json_constraint_and_conflicts_with_any_other(model, body):
     fmt = {"type": "json_object"}
-    params = ChatCompletionRequest.model_validate(
-        chat_body(response_format=fmt, structured_outputs={"json": {"type": "string"}})).to_params(LIMITS)
+    params = model.model_validate({**body, "response_format": fmt, "structured_outputs": {"json": {"type": "string"}}}
+                                  ).to_params(LIMITS)
     assert params.json_object and params.json_schema is None and params.json_schema_param == "response_format"
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    params = model.model_validate({**body, "response_format": schema}).to_params(LIMITS)
+    assert params.json_schema == {"type": "object"} and not params.json_object
+    assert model.model_validate({**body, "response_format": {"type": "text"}}).to_params(LIMITS).json_schema is None
     with pytest.raises(Exception, match="one kind"):
-        ChatCompletionRequest.model_validate(
-            chat_body(response_format=fmt, structured_outputs={"regex": "a"})).to_params(LIMITS)
+        model.model_validate({**body, "response_format": fmt, "structured_outputs": {"regex": "a"}}).to_params(LIMITS)
+
+
+async def test_completions_take_response_format_and_refuse_a_malformed_one_naming_it(client):
+    body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 8, "response_format": {"type": "json_object"}}
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
+    r = await client.post("/v1/completions", json={**body, "response_format": {"type": "json_schema"}})
+    assert r.status_code == 400
+    assert assert_error_shape(r.status_code, r.headers["content-type"], r.content)["param"] == "response_format"
 
 
 def test_forced_tool_calls_and_a_constraint_are_vllm_s_400():

@@ -26,13 +26,16 @@ from app.openai.unserved_fields import IGNORED_PARAMETERS  # chat's: accepted an
 UNSUPPORTED_PARAMETERS = (
     "background", "conversation", "include", "max_tool_calls", "prompt", "top_logprobs", "truncation",
     "stream_options", "context_management", "prompt_cache_retention",
+    # vLLM's Responses extensions for what is not run here (as on chat: app/openai/unserved_fields.py)
+    "kv_transfer_params", "ec_transfer_params", "vllm_xargs", "mm_processor_kwargs", "media_io_kwargs", "mm_payload",
+    "return_mm_kwargs", "watermarking", "enable_response_messages", "previous_input_messages",
 )
 # vLLM's sampling and template extensions that its own Responses API takes: passed to the chat request, which checks
 # them as chat does (a refusal names the same parameter).
 CHAT_PARAMETERS = (
     "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids",
     "logit_bias", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "chat_template_kwargs",
-    "cache_salt",
+    "cache_salt", "priority", "session_id", "structured_outputs",
 )
 _NO_OP_VALUES: tuple[Any, ...] = (None, [], {}, False, "disabled")
 _NO_OBFUSCATION = {"include_obfuscation": False}  # what this service does anyway: no padding fields in events

@@ -196,6 +196,7 @@ async def test_required_tools_call(oai):
     ({"reasoning": {"effort": "high", "summary": "brief"}}, "reasoning"),  # not one of OpenAI's summary values
     ({"stream_options": {"include_obfuscation": True}}, "stream_options"),  # asks for padding this service lacks
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ({"extra_body": {"vllm_xargs": {"a": 1}}}, "vllm_xargs"),  # vLLM's, for what is not run here: named
     ({"input": "x" * 300}, "input"),  # past the fake model's context: the length contract names `input`
 ])
 @pytest.mark.parametrize("stream", [False, True])
@@ -238,9 +239,12 @@ async def test_an_openai_agents_sdk_agent_without_tools_is_answered(oai, streame
 
 async def test_vllm_s_sampling_extensions_are_taken_as_vllm_s_responses_api_takes_them(oai):
     extensions = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "seed": 3, "stop": ["fake"],
-                  "presence_penalty": 0.5, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
+                  "presence_penalty": 0.5, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False},
+                  "priority": 2, "session_id": "conv-3"}
     chat = ResponsesRequest(model=MODEL_ID, input="Hi", **extensions).to_chat()
     assert {k: getattr(chat, k) for k in extensions} == extensions
+    constrained = ResponsesRequest(model=MODEL_ID, input="Hi", structured_outputs={"choice": ["yes", "no"]})
+    assert constrained.to_chat().to_params(make_config().models[0].limits).choice == ("yes", "no")
     answered = {k: v for k, v in extensions.items() if k != "ignore_eos"}  # with it the answer runs to its limit
     response = await oai.responses.create(model=MODEL_ID, input="Hello", extra_body=answered)
     assert response.status == "completed" and "fake" not in response.output_text  # cut at the stop string

@@ -101,7 +101,8 @@ async def create_response(request: Request, body: ResponsesRequest) -> Response:
     settings = summary(body)
 
     def writer(request_id: str, model_id: str) -> StreamWriter:
-        return ResponsesWriter(Responder(request_id, model_id, ChatShape(chat.forced_tool_choice), 1), settings)
+        return ResponsesWriter(Responder(request_id, model_id, ChatShape(chat.forced_tool_choice), 1), settings,
+                               body.request_id)
 
     try:
         return await _generate_unless_gone(request, chat, writer, "resp")
@@ -219,8 +220,7 @@ def _engine_requests(request: Request, body: ChatCompletionRequest | CompletionR
                             params=params, timeout_s=state_of(request).config.service.request_timeout_s,
                             want_prompt_text=isinstance(body, CompletionRequest) and body.echo,
                             trace_id=request.state.request_id, ttft_target_s=targets.first_token_s,
-                            finish_target_s=targets.finish_s, session_id=session,
-                            tenant=request.state.tenant)
+                            finish_target_s=targets.finish_s, session_id=session, tenant=request.state.tenant)
             for i, prompt in enumerate(prompts)]
 
 

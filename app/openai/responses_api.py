@@ -20,6 +20,7 @@ from app.openai import validation_errors
 from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
 from app.openai.responses_input import InputItem, Strict, chat_messages, refuse_what_is_not_served
+from app.openai.sampling import MAX_REQUEST_ID_CHARS
 from app.openai.unserved_fields import IGNORED_PARAMETERS  # chat's: accepted and without effect (docs/api.md)
 
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.
@@ -93,6 +94,8 @@ class ResponsesRequest(BoundedBody):
     stream: bool = False
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None  # a routing hint, passed on to the chat request
+    # vLLM's: the response's id, as sent (its default `resp_<uuid>` is this service's form too)
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
 
     @model_validator(mode="before")
     @classmethod

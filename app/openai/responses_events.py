@@ -33,6 +33,7 @@ class ResponsesWriter:
 
     chat: Responder
     settings: dict[str, Any]
+    given_id: str | None = None  # vLLM's `request_id`: the response's id as the client named it
     named_events = True  # each SSE event also names its type (`event: response.created`), as OpenAI sends it
     ends_with_done = False  # no `data: [DONE]` in the Responses API
     created_at: int = field(default_factory=lambda: int(time.time()))
@@ -61,7 +62,7 @@ class ResponsesWriter:
     def _response(self, status: str) -> dict[str, Any]:
         incomplete = status == "incomplete"
         out = {
-            "id": self._id,
+            "id": self.given_id or self._id,
             "object": "response",
             "created_at": self.created_at,
             "status": status,

@@ -280,6 +280,16 @@ async def test_stream_options_without_obfuscation_is_what_the_service_does_anywa
     assert events[-1] == "response.completed"
 
 
+async def test_vllm_s_request_id_is_the_response_s_id_as_sent(oai):
+    named = await oai.responses.create(model=MODEL_ID, input="Hi", extra_body={"request_id": "resp_order-7"})
+    assert named.id == "resp_order-7" and named.output[0].id.startswith("msg_")
+    unnamed = await oai.responses.create(model=MODEL_ID, input="Hi")
+    assert unnamed.id.startswith("resp_") and unnamed.id != named.id
+    with pytest.raises(openai.BadRequestError) as err:
+        await oai.responses.create(model=MODEL_ID, input="Hi", extra_body={"request_id": "x" * 129})
+    assert err.value.body["param"] == "request_id"
+
+
 async def test_store_and_metadata_are_accepted_and_nothing_is_stored(oai):
     response = await oai.responses.create(model=MODEL_ID, input="Hello", store=True, metadata={"k": "v"})
     assert response.status == "completed" and response.store is False and response.metadata == {"k": "v"}

@@ -123,16 +123,11 @@ async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Respons
     request.state.model = model.id
     if model.runner != "embed":
         raise wrong_runner(model.id, model.runner, "embeddings")
-    targets = client_targets(request.headers, stream=False)
     engine_request = EmbedRequest(
-        request_id=embeddings.new_request_id(),
-        inputs=body.to_inputs(model.limits),
-        timeout_s=state.config.service.request_timeout_s,
-        dimensions=body.dimensions,
-        trace_id=request.state.request_id,
-        ttft_target_s=targets.first_token_s,
-        tenant=request.state.tenant,
-    )
+        request_id=embeddings.new_request_id(), inputs=body.to_inputs(model.limits),
+        timeout_s=state.config.service.request_timeout_s, dimensions=body.dimensions,
+        trace_id=request.state.request_id, tenant=request.state.tenant,
+        ttft_target_s=client_targets(request.headers, stream=False).first_token_s)
 
     async def answer() -> AsyncGenerator[Embeddings, None]:
         yield await backend.embed(engine_request)
@@ -147,7 +142,8 @@ async def _embed(request: Request, body: embeddings.EmbeddingRequest) -> Respons
         if not timer.finished:
             timer.client_left(request.url.path)
         await stream.aclose()
-    payload = embeddings.response_body(engine_request.request_id, model.id, result, body.encoding_format)
+    answer_id = _answer_id(request, body.request_id, embeddings.ID_PREFIX) or engine_request.request_id
+    payload = embeddings.response_body(answer_id, model.id, result, body.encoding_format)
     return Response(await dumps_yielding(payload, "data"), media_type="application/json")
 
 
@@ -186,7 +182,7 @@ async def _generate(
     streams = [state.capacity.track(model.id, backend.generate(r, client), tenant, reserved)  # full: refused here
                for r, reserved in zip(engine_requests, reservations, strict=True)]
     stream, admitted = await _admitted(streams, params.n)  # validation and admission errors: before the 200
-    writer = make_writer(_answer_id(request, body, prefix) or request_id, model.id)
+    writer = make_writer((prefix != "resp" and _answer_id(request, body.request_id, prefix)) or request_id, model.id)
     writer.admitted(*admitted)
     if body.stream:
         return StreamingResponse(
@@ -203,11 +199,11 @@ async def _generate(
         await stream.aclose()
 
 
-def _answer_id(request: Request, body: ChatCompletionRequest | CompletionRequest, prefix: str) -> str | None:
-    """vLLM's id for a chat or completions answer the client named (its X-Request-Id, else the body's `request_id`);
-    the engine request keeps an id of its own, unique whatever is sent."""
-    given = request.state.request_id if "x-request-id" in request.headers else body.request_id
-    return f"{prefix}-{given}" if given and prefix != "resp" else None
+def _answer_id(request: Request, body_id: str | None, prefix: str) -> str | None:
+    """vLLM's id for an answer the client named (its X-Request-Id, else the body's `request_id`); the engine request
+    keeps an id of its own, unique whatever is sent."""
+    given = request.state.request_id if "x-request-id" in request.headers else body_id
+    return f"{prefix}-{given}" if given else None
 
 
 def _engine_requests(request: Request, body: ChatCompletionRequest | CompletionRequest, request_id: str,

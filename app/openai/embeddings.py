@@ -19,6 +19,7 @@ from app.config.model import LimitsConfig
 from app.engine.interface import Embeddings, PromptInput
 from app.errors import InvalidRequest, UnsupportedParameter
 from app.openai.json_depth import BoundedBody
+from app.openai.sampling_bounds import MAX_REQUEST_ID_CHARS
 
 ID_PREFIX = "embd"  # vLLM's ServingEmbedding.request_id_prefix
 MAX_TOKEN_ID = 2**31 - 1  # above every vocabulary; the engine checks the model's own size
@@ -32,6 +33,9 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "use_activation": (None, True),
     "add_special_tokens": (None, True),
     "priority": (None, 0),
+    "padding": (None, "do_not_pad"),
+    "cache_salt": (None,),  # vLLM's, for the pooling runner's prefix cache: not carried to the engine here
+    "mm_processor_kwargs": (None, {}),
 }
 
 
@@ -47,6 +51,8 @@ class EmbeddingRequest(BoundedBody):
     dimensions: int | None = Field(None, ge=1, le=2**31 - 1)
     truncate_prompt_tokens: int | None = Field(None, ge=-1, le=2**63 - 1)
     truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: the answer's id after `embd-` (an X-Request-Id header wins), as on chat
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
 
     @model_validator(mode="before")
     @classmethod
@@ -68,10 +74,9 @@ class EmbeddingRequest(BoundedBody):
             if name in NO_OP_VALUES:
                 if any(value == v and type(value) is type(v) for v in NO_OP_VALUES[name]):
                     continue
-                raise UnsupportedParameter(
-                    f"'{name}' is supported here only as {NO_OP_VALUES[name][1]!r}; remove it (see docs/api.md)",
-                    param=name,
-                )
+                only = " or ".join(repr(v) for v in NO_OP_VALUES[name] if v is not None) or "null"
+                raise UnsupportedParameter(f"'{name}' is supported here only as {only}; remove it (see docs/api.md)",
+                                           param=name)
             raise InvalidRequest(f"Unrecognized request argument supplied: {name}", param=name)
         return self
 

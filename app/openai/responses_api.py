@@ -20,7 +20,7 @@ from app.openai import validation_errors
 from app.openai.chat import ChatCompletionRequest, ReasoningEffort
 from app.openai.json_depth import BoundedBody
 from app.openai.responses_input import InputItem, Strict, chat_messages, refuse_what_is_not_served
-from app.openai.sampling import MAX_REQUEST_ID_CHARS
+from app.openai.sampling_bounds import MAX_REQUEST_ID_CHARS
 from app.openai.unserved_fields import IGNORED_PARAMETERS  # chat's: accepted and without effect (docs/api.md)
 
 # OpenAI's Responses parameters this service does not implement: a 400 that says so, unless sent as a no-op.

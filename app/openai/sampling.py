@@ -18,6 +18,7 @@ from app.openai.json_depth import BoundedBody
 from app.openai.sampling_bounds import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_LOGPROB_TOKEN_IDS,
+    MAX_REQUEST_ID_CHARS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOKEN_ID,
     MAX_TOP_K,
@@ -30,7 +31,6 @@ from app.openai.sampling_bounds import (
 from app.openai.structured_outputs import StructuredOutputs
 from app.openai.unserved_fields import refuse_unserved
 
-MAX_REQUEST_ID_CHARS = 128  # as X-Request-Id is cut (http/gate.py): the id is repeated in every streamed chunk
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 

@@ -77,6 +77,7 @@ def bad_words(words: list[str]) -> tuple[str, ...]:
 
 
 MAX_CACHE_SALT_CHARS = 128  # vLLM's bound and forbidden characters (its cache keys are built from the salt)
+MAX_REQUEST_ID_CHARS = 128  # as X-Request-Id is cut (http/gate.py): an answer's id is repeated in every chunk
 CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
 
 

@@ -184,8 +184,19 @@ async def test_too_long_is_the_length_contracts_400(ec):
 
 async def test_no_op_vllm_options_are_accepted(ec):
     resp = await embed(ec, input="a", user="u1", embed_dtype="float32", endianness="native", use_activation=True,
-                       add_special_tokens=True, priority=0)
+                       add_special_tokens=True, priority=0, padding="do_not_pad", cache_salt=None)
     assert resp.status_code == 200, resp.text
+    for name, value, said in (("padding", "max_length", "'do_not_pad'"), ("cache_salt", "s", "null")):
+        err = error_of(await embed(ec, input="a", **{name: value}), 400, name)
+        assert err["code"] == "unsupported_parameter" and f"only as {said}" in err["message"]
+
+
+async def test_an_embeddings_answer_is_named_as_vllm_names_it(ec):
+    assert (await embed(ec, input="a", request_id="e-1")).json()["id"] == "embd-e-1"
+    headed = await ec.post("/v1/embeddings", json={"model": MODEL_ID, "input": "a", "request_id": "e-1"},
+                           headers={"X-Request-Id": "trace-2"})
+    assert headed.json()["id"] == "embd-trace-2"
+    error_of(await embed(ec, input="a", request_id="x" * 129), 400, "request_id")
 
 
 async def test_each_route_refuses_a_model_of_the_other_runner(make_stack, ec):

@@ -186,9 +186,10 @@ class HandleBackend:
             except Exception as err:
                 refused_by = err.refused.replica if isinstance(err, RefusedBy) else ""
                 error = translate(err.refused.error if isinstance(err, RefusedBy) else err)
+                broke = broke_under(err)  # its engine broke with it inside (a dead replica process is no break)
                 if answered and isinstance(error, ServiceUnavailable):
-                    raise Lost(error, refused_by or replica, breaks + broke_under(err)) from None
-                if not answered and broke_under(err):
+                    raise Lost(error, refused_by or replica, breaks + broke) from None
+                if not answered and broke:
                     breaks = self.quarantine.broke(sent_as, breaks, f"on replica {refused_by}")
                 last = attempt == ATTEMPTS or time.monotonic() - started >= request.timeout_s
                 avoid += (refused_by,) if refused_by else ()
@@ -199,8 +200,8 @@ class HandleBackend:
                 self.retried[cast(ServiceError, error).code or type(error).__name__] += 1
                 log.info("request %s refused by replica %s (%s); trying another replica (attempt %d of %d)",
                          _name(request), refused_by or "?", error, attempt + 1, ATTEMPTS)
-                if broke_under(err) and await self._waited_for_a_replica(error, avoid, started + request.timeout_s,
-                                                                         request.timeout_s):
+                if broke and await self._waited_for_a_replica(error, avoid, started + request.timeout_s,
+                                                              request.timeout_s):
                     avoid = ()  # the replica serving again may be the one it broke on
             finally:
                 if self.routing is not None and decision is not None:  # the router hears how it ended, once

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # full: at 3 KB/s of streamed tokens that took minutes. 64 KiB still carries tokens far faster than any model
 # produces them.
 SEND_BUFFER_BYTES = 64 * 1024
-BACKLOG = 2048  # uvicorn's default, which it passes to listen() again when it serves
+BACKLOG = 2048  # uvicorn's default; given to it too, which passes it to listen() again when it serves
 
 
 class CannotListen(RuntimeError):
@@ -90,6 +90,7 @@ class HttpListener:
             log_config=None,
             timeout_keep_alive=max(1, round(s.keep_alive_timeout_s)),  # uvicorn takes whole seconds
             http=GuardedHttpToolsProtocol.protocol_class(limits),
+            backlog=BACKLOG,
         )
         server = uvicorn.Server(config)
         # Signals belong to the Ray worker, never to a server inside it.
